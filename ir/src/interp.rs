@@ -1,0 +1,414 @@
+//! A reference interpreter of `Program`, in plain Rust: the oracle that tests the lowering
+//! without any backend, and that machine code must agree with bit for bit (the same
+//! operations in the same order, FMAs fused).
+//!
+//! It is stricter than hardware: every memory access is checked against the bounds of the
+//! A, B, C or scratch region it points into, reading a register that was never written is an
+//! error, and so is overwriting a vector register that holds a mask.
+
+use thiserror::Error;
+
+use crate::element::Element;
+use crate::program::{Addr, Gpr, Mask, Op, Program, Trips, VReg};
+
+/// Most lanes of any target (f32 in 512 bits).
+const MAX_LANES: usize = 16;
+
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum InterpError {
+    #[error("the program computes {program:?}, the buffers hold {buffers:?}")]
+    DtypeMismatch {
+        program: crate::Dtype,
+        buffers: crate::Dtype,
+    },
+    #[error("the program takes {expected} run-time scalars, {given} were given")]
+    ParamCount { expected: usize, given: usize },
+    #[error("{op}: access of {bytes} bytes at offset {offset} is outside {region} ({len} bytes)")]
+    OutOfBounds {
+        op: String,
+        region: &'static str,
+        offset: i64,
+        bytes: usize,
+        len: usize,
+    },
+    #[error("{op}: offset {offset} in {region} is not a multiple of the element size")]
+    Misaligned {
+        op: String,
+        region: &'static str,
+        offset: i64,
+    },
+    #[error("{op}: {what} was read before it was written")]
+    Undefined { op: String, what: String },
+    #[error("{op}: {gpr} holds a count, not an address")]
+    NotAnAddress { op: String, gpr: Gpr },
+    #[error("{op}: overwrites v{} which holds a mask", .vreg.0)]
+    MaskClobbered { op: String, vreg: VReg },
+    #[error("{op}: the loop body changed its counter")]
+    CounterChanged { op: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Region {
+    A,
+    B,
+    C,
+    Scratch,
+}
+
+impl Region {
+    fn name(self) -> &'static str {
+        match self {
+            Region::A => "A",
+            Region::B => "B",
+            Region::C => "C",
+            Region::Scratch => "scratch",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Value {
+    Address { region: Region, offset: i64 },
+    Count(i64),
+}
+
+struct Machine<'a, T: Element> {
+    program: &'a Program,
+    a: &'a [T],
+    b: &'a [T],
+    c: &'a mut [T],
+    scratch: Vec<Option<T>>,
+    params: &'a [T],
+    vregs: Vec<Option<[T; MAX_LANES]>>,
+    gprs: Vec<Option<Value>>,
+    masks: Vec<Option<usize>>,
+}
+
+/// Runs `program` on `batch` matrices of the given slices (element 0 of each slice is where
+/// the kernel's A, B and C pointers point). `params` are the run-time scalars in
+/// `program.params` order.
+pub fn interpret<T: Element>(
+    program: &Program,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    batch: usize,
+    params: &[T],
+) -> Result<(), InterpError> {
+    if program.dtype != T::DTYPE {
+        return Err(InterpError::DtypeMismatch {
+            program: program.dtype,
+            buffers: T::DTYPE,
+        });
+    }
+    if params.len() != program.params.len() {
+        return Err(InterpError::ParamCount {
+            expected: program.params.len(),
+            given: params.len(),
+        });
+    }
+    let elt = T::DTYPE.size();
+    let mut gprs = vec![None; program.gprs.max(Gpr::FIRST_FREE as usize)];
+    let at = |region| Some(Value::Address { region, offset: 0 });
+    gprs[Gpr::A.0 as usize] = at(Region::A);
+    gprs[Gpr::B.0 as usize] = at(Region::B);
+    gprs[Gpr::C.0 as usize] = at(Region::C);
+    gprs[Gpr::BATCH.0 as usize] = Some(Value::Count(batch as i64));
+    let mut machine = Machine {
+        program,
+        a,
+        b,
+        c,
+        scratch: vec![None; program.scratch_bytes as usize / elt],
+        params,
+        vregs: vec![None; program.vregs],
+        gprs,
+        masks: vec![None; program.masks.len()],
+    };
+    machine.run(&program.ops)
+}
+
+impl<T: Element> Machine<'_, T> {
+    fn lanes(&self) -> usize {
+        self.program.lanes
+    }
+
+    fn run(&mut self, ops: &[Op]) -> Result<(), InterpError> {
+        for op in ops {
+            self.exec(op)?;
+        }
+        Ok(())
+    }
+
+    fn exec(&mut self, op: &Op) -> Result<(), InterpError> {
+        let lanes = self.lanes();
+        match op {
+            Op::Zero { dst } => self.set(op, *dst, [T::default(); MAX_LANES])?,
+            Op::Load { dst, addr, mask } => {
+                let n = self.active(op, *mask)?;
+                let mut v = [T::default(); MAX_LANES];
+                for (i, lane) in v.iter_mut().enumerate().take(n) {
+                    *lane = self.read(op, *addr, i)?;
+                }
+                self.set(op, *dst, v)?;
+            }
+            Op::Store { addr, src, mask } => {
+                let n = self.active(op, *mask)?;
+                let v = self.get(op, *src)?;
+                for (i, &lane) in v.iter().enumerate().take(n) {
+                    self.write(op, *addr, i, lane)?;
+                }
+            }
+            Op::Broadcast { dst, addr } => {
+                let x = self.read(op, *addr, 0)?;
+                self.set(op, *dst, [x; MAX_LANES])?;
+            }
+            Op::LoadScalar { dst, addr } => {
+                let mut v = [T::default(); MAX_LANES];
+                v[0] = self.read(op, *addr, 0)?;
+                self.set(op, *dst, v)?;
+            }
+            Op::StoreScalar { addr, src } => {
+                let x = self.get(op, *src)?[0];
+                self.write(op, *addr, 0, x)?;
+            }
+            Op::Fma { acc, a, b, negate } => {
+                let bv = self.get(op, *b)?;
+                self.fma(op, *acc, *a, |i| bv[i], *negate)?;
+            }
+            Op::FmaBroadcast { acc, a, b, negate } => {
+                let x = self.read(op, *b, 0)?;
+                self.fma(op, *acc, *a, |_| x, *negate)?;
+            }
+            Op::Add { dst, a, b } => self.binary(op, *dst, *a, *b, |x, y| x + y)?,
+            Op::Sub { dst, a, b } => self.binary(op, *dst, *a, *b, |x, y| x - y)?,
+            Op::Mul { dst, a, b } => self.binary(op, *dst, *a, *b, |x, y| x * y)?,
+            Op::SetMask { mask, lanes: n } => {
+                self.masks[mask.0 as usize] = Some((*n as usize).min(lanes));
+            }
+            Op::StoreParam { param, addr } => {
+                let index = self
+                    .program
+                    .params
+                    .iter()
+                    .position(|p| p == param)
+                    .ok_or_else(|| InterpError::Undefined {
+                        op: format!("{op:?}"),
+                        what: format!("{param:?} (not a parameter of the program)"),
+                    })?;
+                let x = self.params[index];
+                self.write(op, *addr, 0, x)?;
+            }
+            Op::StoreConst { value, addr } => self.write(op, *addr, 0, T::from_f64(*value))?,
+            Op::Copy { dst, src } => {
+                let v = self.gpr(op, *src)?;
+                self.gprs[dst.0 as usize] = Some(v);
+            }
+            Op::AddImm { dst, imm } => {
+                let v = match self.gpr(op, *dst)? {
+                    Value::Address { region, offset } => Value::Address {
+                        region,
+                        offset: offset + *imm as i64,
+                    },
+                    Value::Count(n) => Value::Count(n + *imm as i64),
+                };
+                self.gprs[dst.0 as usize] = Some(v);
+            }
+            Op::Loop {
+                counter,
+                trips,
+                body,
+            } => {
+                let n = match trips {
+                    Trips::Const(n) => *n as i64,
+                    Trips::Register => match self.gpr(op, *counter)? {
+                        Value::Count(n) => n,
+                        Value::Address { .. } => {
+                            return Err(InterpError::Undefined {
+                                op: "loop".into(),
+                                what: format!("a count in {counter}"),
+                            })
+                        }
+                    },
+                };
+                for left in (1..=n).rev() {
+                    self.gprs[counter.0 as usize] = Some(Value::Count(left));
+                    self.run(body)?;
+                    if self.gprs[counter.0 as usize] != Some(Value::Count(left)) {
+                        return Err(InterpError::CounterChanged {
+                            op: format!("loop {counter}"),
+                        });
+                    }
+                }
+                self.gprs[counter.0 as usize] = Some(Value::Count(0));
+            }
+        }
+        Ok(())
+    }
+
+    fn active(&self, op: &Op, mask: Option<Mask>) -> Result<usize, InterpError> {
+        match mask {
+            None => Ok(self.lanes()),
+            Some(m) => self
+                .masks
+                .get(m.0 as usize)
+                .copied()
+                .flatten()
+                .ok_or_else(|| InterpError::Undefined {
+                    op: format!("{op:?}"),
+                    what: format!("mask m{}", m.0),
+                }),
+        }
+    }
+
+    fn fma(
+        &mut self,
+        op: &Op,
+        acc: VReg,
+        a: VReg,
+        b: impl Fn(usize) -> T,
+        negate: bool,
+    ) -> Result<(), InterpError> {
+        let (mut c, av) = (self.get(op, acc)?, self.get(op, a)?);
+        for (i, lane) in c.iter_mut().enumerate().take(self.lanes()) {
+            let x = if negate { T::default() - av[i] } else { av[i] };
+            *lane = x.mul_add(b(i), *lane);
+        }
+        self.set(op, acc, c)
+    }
+
+    fn binary(
+        &mut self,
+        op: &Op,
+        dst: VReg,
+        a: VReg,
+        b: VReg,
+        f: impl Fn(T, T) -> T,
+    ) -> Result<(), InterpError> {
+        let (x, y) = (self.get(op, a)?, self.get(op, b)?);
+        let mut r = [T::default(); MAX_LANES];
+        for (i, lane) in r.iter_mut().enumerate() {
+            *lane = f(x[i], y[i]);
+        }
+        self.set(op, dst, r)
+    }
+
+    fn get(&self, op: &Op, r: VReg) -> Result<[T; MAX_LANES], InterpError> {
+        self.vregs
+            .get(r.0 as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(|| InterpError::Undefined {
+                op: format!("{op:?}"),
+                what: format!("v{}", r.0),
+            })
+    }
+
+    fn set(&mut self, op: &Op, r: VReg, v: [T; MAX_LANES]) -> Result<(), InterpError> {
+        if let Some(decl) = self.program.masks.iter().find(|d| d.vreg == Some(r)) {
+            if self.masks[decl.mask.0 as usize].is_some() {
+                return Err(InterpError::MaskClobbered {
+                    op: format!("{op:?}"),
+                    vreg: r,
+                });
+            }
+        }
+        let slot = self
+            .vregs
+            .get_mut(r.0 as usize)
+            .ok_or_else(|| InterpError::Undefined {
+                op: format!("{op:?}"),
+                what: format!(
+                    "v{} (beyond the program's {} registers)",
+                    r.0, self.program.vregs
+                ),
+            })?;
+        *slot = Some(v);
+        Ok(())
+    }
+
+    fn gpr(&self, op: &Op, g: Gpr) -> Result<Value, InterpError> {
+        if g == Gpr::SCRATCH {
+            return Ok(Value::Address {
+                region: Region::Scratch,
+                offset: 0,
+            });
+        }
+        self.gprs
+            .get(g.0 as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(|| InterpError::Undefined {
+                op: format!("{op:?}"),
+                what: g.to_string(),
+            })
+    }
+
+    /// The element index `lane` elements past `addr`, checked against its region.
+    fn locate(&self, op: &Op, addr: Addr, lane: usize) -> Result<(Region, usize), InterpError> {
+        let elt = T::DTYPE.size();
+        let (region, base) = match self.gpr(op, addr.base)? {
+            Value::Address { region, offset } => (region, offset),
+            Value::Count(_) => {
+                return Err(InterpError::NotAnAddress {
+                    op: format!("{op:?}"),
+                    gpr: addr.base,
+                })
+            }
+        };
+        let offset = base + addr.offset as i64 + (lane * elt) as i64;
+        if offset % elt as i64 != 0 {
+            return Err(InterpError::Misaligned {
+                op: format!("{op:?}"),
+                region: region.name(),
+                offset,
+            });
+        }
+        let len = match region {
+            Region::A => self.a.len(),
+            Region::B => self.b.len(),
+            Region::C => self.c.len(),
+            Region::Scratch => self.scratch.len(),
+        };
+        if offset < 0 || offset as usize / elt >= len {
+            return Err(InterpError::OutOfBounds {
+                op: format!("{op:?}"),
+                region: region.name(),
+                offset,
+                bytes: elt,
+                len: len * elt,
+            });
+        }
+        Ok((region, offset as usize / elt))
+    }
+
+    fn read(&self, op: &Op, addr: Addr, lane: usize) -> Result<T, InterpError> {
+        let (region, i) = self.locate(op, addr, lane)?;
+        match region {
+            Region::A => Ok(self.a[i]),
+            Region::B => Ok(self.b[i]),
+            Region::C => Ok(self.c[i]),
+            Region::Scratch => self.scratch[i].ok_or_else(|| InterpError::Undefined {
+                op: format!("{op:?}"),
+                what: format!("scratch element {i}"),
+            }),
+        }
+    }
+
+    fn write(&mut self, op: &Op, addr: Addr, lane: usize, x: T) -> Result<(), InterpError> {
+        match self.locate(op, addr, lane)? {
+            (Region::C, i) => self.c[i] = x,
+            (Region::Scratch, i) => self.scratch[i] = Some(x),
+            (region, _) => {
+                return Err(InterpError::OutOfBounds {
+                    op: format!("{op:?} (a write)"),
+                    region: region.name(),
+                    offset: 0,
+                    bytes: 0,
+                    len: 0,
+                })
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,49 @@
+//! smallgemm's intermediate representation.
+//!
+//! ```text
+//! GemmSpec ──plan──▶ Schedule ──lower──▶ Program ──(backend)──▶ machine code
+//! ```
+//!
+//! - [`GemmSpec`]: the problem (sizes, transposes, layout, leading dimensions, alpha/beta
+//!   kinds, batch strides), validated on construction.
+//! - [`Target`]: what the machine offers (vector width, registers, masks).
+//! - [`Schedule`]: the tunable blocking and unrolling, as serde data; [`plan`] picks one.
+//! - [`Program`]: the lowered kernel as vector operations; [`lower`] builds it and
+//!   [`interpret`] runs it in plain Rust as the oracle for backends.
+//! - [`reference`]: the higher-precision reference GEMM and the checking harness.
+
+mod element;
+mod interp;
+mod lower;
+mod plan;
+mod program;
+pub mod reference;
+mod schedule;
+mod spec;
+mod target;
+
+pub use element::Element;
+pub use interp::{interpret, InterpError};
+pub use lower::{lower, LowerError};
+pub use plan::{choose_unrolling, estimated_cycles, estimated_ops, plan, UNROLL_BUDGET};
+pub use program::{Addr, Gpr, Mask, MaskDecl, Op, OpCounts, Param, Program, Trips, VReg};
+pub use schedule::{epilogue_temporaries, RegisterUse, Schedule, ScheduleError};
+pub use spec::{
+    ColMajorProblem, Dtype, GemmSpec, GemmSpecBuilder, Layout, Operand, Scalar, SpecError, Trans,
+};
+pub use target::{Isa, MaskSupport, Target};
+
+/// Plans (unless `schedule` is given) and lowers `spec` for `target`.
+pub fn compile_program(
+    spec: &GemmSpec,
+    target: Target,
+    schedule: Option<&Schedule>,
+) -> Result<(Schedule, Program), LowerError> {
+    let problem = spec.col_major();
+    let schedule = match schedule {
+        Some(s) => *s,
+        None => plan(&problem, target),
+    };
+    let program = lower(&problem, target, &schedule)?;
+    Ok((schedule, program))
+}

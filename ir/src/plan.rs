@@ -1,0 +1,125 @@
+//! The planner: a good default `Schedule` for a problem on a target, from a cost model.
+
+use crate::schedule::Schedule;
+use crate::spec::{ColMajorProblem, Scalar, Trans};
+use crate::target::Target;
+
+/// Operations a fully unrolled kernel may have before the planner turns blocks and then k
+/// into loops: beyond this the code stops fitting the decoded-instruction cache and the
+/// first call of every matrix pays for fetching it.
+pub const UNROLL_BUDGET: usize = 3000;
+
+/// Latency of a dependent FMA chain, in cycles: a register block with fewer accumulators
+/// than latency × FMA ports cannot keep the FMA units busy.
+const FMA_LATENCY: f64 = 4.0;
+
+/// Picks the register blocking with the lowest estimated cycles per matrix, then unrolls
+/// as much as [`UNROLL_BUDGET`] allows.
+pub fn plan(problem: &ColMajorProblem, target: Target) -> Schedule {
+    let lanes = target.lanes(problem.dtype);
+    let mut best: Option<(f64, Schedule)> = None;
+    for m_vectors in 1..=problem.m.div_ceil(lanes) {
+        for n_cols in 1..=problem.n {
+            let s = Schedule {
+                m_vectors,
+                n_cols,
+                k_unroll: 0,
+                unroll_m_blocks: true,
+                unroll_n_blocks: true,
+            };
+            if s.validate(problem, target).is_err() {
+                // Wider blocks only need more registers.
+                break;
+            }
+            let cost = estimated_cycles(problem, target, &s);
+            // Ties go to the larger block: fewer blocks, less code.
+            if best.is_none_or(|(c, _)| cost < c - 1e-9) {
+                best = Some((cost, s));
+            }
+        }
+    }
+    let (_, mut s) = best.expect("a 1x1 register block always fits");
+    choose_unrolling(problem, target, &mut s);
+    s
+}
+
+/// Replaces full unrolling by loops, outermost first, until the code fits the budget.
+pub fn choose_unrolling(problem: &ColMajorProblem, target: Target, s: &mut Schedule) {
+    if estimated_ops(problem, target, s) <= UNROLL_BUDGET {
+        return;
+    }
+    s.unroll_n_blocks = false;
+    if estimated_ops(problem, target, s) <= UNROLL_BUDGET {
+        return;
+    }
+    s.unroll_m_blocks = false;
+    if estimated_ops(problem, target, s) <= UNROLL_BUDGET {
+        return;
+    }
+    for u in [16, 8, 4, 2, 1] {
+        s.k_unroll = u;
+        if estimated_ops(problem, target, s) <= UNROLL_BUDGET {
+            return;
+        }
+    }
+}
+
+/// (size, count) of the blocks that cover `total` in pieces of `block`.
+fn pieces(total: usize, block: usize) -> [(usize, usize); 2] {
+    [
+        (block, total / block),
+        (total % block, (total % block != 0) as usize),
+    ]
+}
+
+/// Estimated cycles per matrix: each register block runs k steps, each bound by FMA or
+/// load throughput or by the FMA latency chain, plus reading and writing its C once.
+pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f64 {
+    let lanes = target.lanes(problem.dtype);
+    let c_reads = (problem.beta != Scalar::Zero) as usize as f64;
+    let mut cycles = 0.0;
+    for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
+        let vectors = rows.div_ceil(lanes) as f64;
+        for (cols, col_count) in pieces(problem.n, s.n_cols) {
+            let cols = cols as f64;
+            let fmas = vectors * cols;
+            let loads = vectors + cols;
+            let step = (fmas / target.fma_per_cycle())
+                .max(loads / target.loads_per_cycle())
+                .max(if fmas > 0.0 { FMA_LATENCY } else { 0.0 });
+            let epilogue = fmas * (1.0 + c_reads);
+            cycles += (row_count * col_count) as f64 * (problem.k as f64 * step + epilogue);
+        }
+    }
+    if problem.trans_a == Trans::T {
+        cycles += (problem.m * problem.k) as f64;
+    }
+    cycles
+}
+
+/// Estimated operations in the lowered program text.
+pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) -> usize {
+    let lanes = target.lanes(problem.dtype);
+    let k = problem.k;
+    let steps = if s.k_unroll == 0 || k / s.k_unroll < 2 {
+        k
+    } else {
+        s.k_unroll + k % s.k_unroll
+    };
+    let broadcasts = !target.fma_broadcast_operand() as usize;
+    let instances = |count: usize, unroll: bool| if unroll { count } else { count.min(1) };
+    let mut ops = 0;
+    for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
+        let vectors = rows.div_ceil(lanes);
+        let mut panel = 0;
+        if problem.trans_a == Trans::T {
+            panel += 2 * rows * steps;
+        }
+        for (cols, col_count) in pieces(problem.n, s.n_cols) {
+            let step = vectors + cols * (vectors + broadcasts);
+            panel += instances(col_count, s.unroll_n_blocks) * (steps * step + 4 * vectors * cols);
+        }
+        ops += instances(row_count, s.unroll_m_blocks) * panel;
+    }
+    ops
+}

@@ -1,0 +1,308 @@
+//! `Program`: a lowered CPU kernel as a short tree of vector operations on numbered
+//! registers. Every CPU backend turns each `Op` into one or a few instructions.
+//!
+//! The kernel's arguments are the pointers to A, B and C of the first matrix of the batch
+//! (general registers 0, 1, 2), the batch length (general register 3), then the run-time
+//! scalars listed in [`Program::params`], in that order.
+
+use std::fmt;
+
+use crate::spec::Dtype;
+
+/// A vector register (lanes of the program's dtype).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VReg(pub u8);
+
+/// A general-purpose register holding a byte address or a loop count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Gpr(pub u8);
+
+impl Gpr {
+    /// Address of the first A of the batch; advanced by the batch loop.
+    pub const A: Gpr = Gpr(0);
+    /// Address of the first B of the batch; advanced by the batch loop.
+    pub const B: Gpr = Gpr(1);
+    /// Address of the first C of the batch; advanced by the batch loop.
+    pub const C: Gpr = Gpr(2);
+    /// Number of matrices; counted down by the batch loop.
+    pub const BATCH: Gpr = Gpr(3);
+    /// Base of the kernel's scratch memory (`Program::scratch_bytes`, 64-byte aligned).
+    pub const SCRATCH: Gpr = Gpr(u8::MAX);
+    /// First register the lowering may allocate.
+    pub const FIRST_FREE: u8 = 4;
+}
+
+/// A tail mask: enables the first `lanes` lanes of a vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Mask(pub u8);
+
+/// A run-time scalar argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Param {
+    Alpha,
+    Beta,
+}
+
+/// A memory operand: a general register plus a constant byte offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Addr {
+    pub base: Gpr,
+    pub offset: i32,
+}
+
+impl Addr {
+    pub fn new(base: Gpr, offset: i32) -> Addr {
+        Addr { base, offset }
+    }
+}
+
+/// How many times a loop body runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trips {
+    /// A constant count (at least 2: the lowering inlines single iterations).
+    Const(u32),
+    /// The value of the counter register on entry, counted down to zero; 0 skips the body.
+    Register,
+}
+
+/// One operation. Vector operations act on all lanes; masked lanes of loads read as zero
+/// and masked lanes of stores are not written (nor is their memory touched).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// dst = 0.
+    Zero { dst: VReg },
+    /// dst = memory (lanes beyond the mask read as zero and are not accessed).
+    Load {
+        dst: VReg,
+        addr: Addr,
+        mask: Option<Mask>,
+    },
+    /// memory = src (lanes beyond the mask are not written).
+    Store {
+        addr: Addr,
+        src: VReg,
+        mask: Option<Mask>,
+    },
+    /// Every lane of dst = the scalar at addr.
+    Broadcast { dst: VReg, addr: Addr },
+    /// Lane 0 of dst = the scalar at addr (the other lanes become zero).
+    LoadScalar { dst: VReg, addr: Addr },
+    /// The scalar at addr = lane 0 of src.
+    StoreScalar { addr: Addr, src: VReg },
+    /// acc = acc + a * b, or acc - a * b when `negate` (one rounding).
+    Fma {
+        acc: VReg,
+        a: VReg,
+        b: VReg,
+        negate: bool,
+    },
+    /// acc = acc ± a * broadcast(scalar at addr); only on targets with
+    /// `fma_broadcast_operand`.
+    FmaBroadcast {
+        acc: VReg,
+        a: VReg,
+        b: Addr,
+        negate: bool,
+    },
+    /// dst = a + b.
+    Add { dst: VReg, a: VReg, b: VReg },
+    /// dst = a - b.
+    Sub { dst: VReg, a: VReg, b: VReg },
+    /// dst = a * b.
+    Mul { dst: VReg, a: VReg, b: VReg },
+    /// Enable the first `lanes` lanes of `mask`.
+    SetMask { mask: Mask, lanes: u32 },
+    /// Store the run-time scalar argument `param` at addr.
+    StoreParam { param: Param, addr: Addr },
+    /// Store the constant scalar `value` (rounded to the program's dtype) at addr.
+    StoreConst { value: f64, addr: Addr },
+    /// dst = src.
+    Copy { dst: Gpr, src: Gpr },
+    /// dst = dst + imm.
+    AddImm { dst: Gpr, imm: i32 },
+    /// Run `body` `trips` times, counting down `counter` (for `Trips::Register`, the counter
+    /// holds the trip count on entry).
+    Loop {
+        counter: Gpr,
+        trips: Trips,
+        body: Vec<Op>,
+    },
+}
+
+/// Where a tail mask lives, when the target keeps masks in vector registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaskDecl {
+    pub mask: Mask,
+    pub lanes: u32,
+    /// The vector register holding it (AVX2), or None for dedicated mask registers.
+    pub vreg: Option<VReg>,
+}
+
+/// A lowered kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Program {
+    pub dtype: Dtype,
+    /// Lanes per vector register.
+    pub lanes: usize,
+    /// Run-time scalar arguments, in argument order.
+    pub params: Vec<Param>,
+    /// Bytes of 64-byte aligned scratch memory the kernel addresses through `Gpr::SCRATCH`.
+    pub scratch_bytes: u32,
+    /// Vector registers used: VReg(0) .. VReg(vregs - 1).
+    pub vregs: usize,
+    /// General registers used: Gpr(0) .. Gpr(gprs - 1), besides `Gpr::SCRATCH`.
+    pub gprs: usize,
+    pub masks: Vec<MaskDecl>,
+    pub ops: Vec<Op>,
+}
+
+impl Program {
+    /// The vector register that holds `mask`, if masks live in vector registers.
+    pub fn mask_vreg(&self, mask: Mask) -> Option<VReg> {
+        self.masks
+            .iter()
+            .find(|d| d.mask == mask)
+            .and_then(|d| d.vreg)
+    }
+
+    /// Counts of each operation kind with loops expanded by their trip counts (the batch loop
+    /// counted once): what one matrix costs.
+    pub fn op_counts(&self) -> OpCounts {
+        fn walk(ops: &[Op], times: u64, c: &mut OpCounts) {
+            for op in ops {
+                match op {
+                    Op::Load { .. } | Op::LoadScalar { .. } => c.loads += times,
+                    Op::Broadcast { .. } => c.broadcasts += times,
+                    Op::Store { .. } | Op::StoreScalar { .. } => c.stores += times,
+                    Op::Fma { .. } => c.fmas += times,
+                    Op::FmaBroadcast { .. } => {
+                        c.fmas += times;
+                        c.broadcasts += times
+                    }
+                    Op::Loop { trips, body, .. } => {
+                        let n = match trips {
+                            Trips::Const(n) => *n as u64,
+                            Trips::Register => 1,
+                        };
+                        walk(body, times * n, c)
+                    }
+                    _ => c.other += times,
+                }
+                c.static_ops += 1;
+            }
+        }
+        let mut c = OpCounts::default();
+        walk(&self.ops, 1, &mut c);
+        c
+    }
+}
+
+/// Dynamic operation counts per matrix (see [`Program::op_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    pub loads: u64,
+    pub broadcasts: u64,
+    pub stores: u64,
+    pub fmas: u64,
+    pub other: u64,
+    /// Operations in the program text (loops not expanded).
+    pub static_ops: u64,
+}
+
+impl fmt::Display for Addr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let base = match self.base {
+            Gpr::A => "a".to_string(),
+            Gpr::B => "b".to_string(),
+            Gpr::C => "c".to_string(),
+            Gpr::SCRATCH => "scratch".to_string(),
+            Gpr(i) => format!("g{i}"),
+        };
+        write!(f, "[{base}{:+}]", self.offset)
+    }
+}
+
+impl fmt::Display for Gpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Gpr::A => f.write_str("a"),
+            Gpr::B => f.write_str("b"),
+            Gpr::C => f.write_str("c"),
+            Gpr::BATCH => f.write_str("batch"),
+            Gpr::SCRATCH => f.write_str("scratch"),
+            Gpr(i) => write!(f, "g{i}"),
+        }
+    }
+}
+
+impl fmt::Display for Program {
+    /// A readable listing, one operation per line, loops indented.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn list(ops: &[Op], depth: usize, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let pad = "  ".repeat(depth);
+            let m = |mask: &Option<Mask>| match mask {
+                Some(Mask(i)) => format!(" {{m{i}}}"),
+                None => String::new(),
+            };
+            let neg = |n: &bool| if *n { "fnma" } else { "fma" };
+            for op in ops {
+                match op {
+                    Op::Zero { dst } => writeln!(f, "{pad}v{} = 0", dst.0)?,
+                    Op::Load { dst, addr, mask } => {
+                        writeln!(f, "{pad}v{} = load {addr}{}", dst.0, m(mask))?
+                    }
+                    Op::Store { addr, src, mask } => {
+                        writeln!(f, "{pad}store {addr}{} = v{}", m(mask), src.0)?
+                    }
+                    Op::Broadcast { dst, addr } => {
+                        writeln!(f, "{pad}v{} = broadcast {addr}", dst.0)?
+                    }
+                    Op::LoadScalar { dst, addr } => {
+                        writeln!(f, "{pad}v{} = load.scalar {addr}", dst.0)?
+                    }
+                    Op::StoreScalar { addr, src } => {
+                        writeln!(f, "{pad}store.scalar {addr} = v{}", src.0)?
+                    }
+                    Op::Fma { acc, a, b, negate } => {
+                        writeln!(f, "{pad}v{} {} v{} * v{}", acc.0, neg(negate), a.0, b.0)?
+                    }
+                    Op::FmaBroadcast { acc, a, b, negate } => writeln!(
+                        f,
+                        "{pad}v{} {} v{} * broadcast {b}",
+                        acc.0,
+                        neg(negate),
+                        a.0
+                    )?,
+                    Op::Add { dst, a, b } => writeln!(f, "{pad}v{} = v{} + v{}", dst.0, a.0, b.0)?,
+                    Op::Sub { dst, a, b } => writeln!(f, "{pad}v{} = v{} - v{}", dst.0, a.0, b.0)?,
+                    Op::Mul { dst, a, b } => writeln!(f, "{pad}v{} = v{} * v{}", dst.0, a.0, b.0)?,
+                    Op::SetMask { mask, lanes } => {
+                        writeln!(f, "{pad}m{} = first {lanes} lanes", mask.0)?
+                    }
+                    Op::StoreParam { param, addr } => {
+                        writeln!(f, "{pad}store.scalar {addr} = {param:?}")?
+                    }
+                    Op::StoreConst { value, addr } => {
+                        writeln!(f, "{pad}store.scalar {addr} = {value}")?
+                    }
+                    Op::Copy { dst, src } => writeln!(f, "{pad}{dst} = {src}")?,
+                    Op::AddImm { dst, imm } => writeln!(f, "{pad}{dst} += {imm}")?,
+                    Op::Loop {
+                        counter,
+                        trips,
+                        body,
+                    } => {
+                        match trips {
+                            Trips::Const(n) => writeln!(f, "{pad}loop {counter} = {n} {{")?,
+                            Trips::Register => writeln!(f, "{pad}loop {counter} {{")?,
+                        }
+                        list(body, depth + 1, f)?;
+                        writeln!(f, "{pad}}}")?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        list(&self.ops, 0, f)
+    }
+}

@@ -1,0 +1,271 @@
+//! The reference GEMM in higher precision, and a harness that checks a kernel's output
+//! against it: random operands (never zeros), sentinels around and inside C (its ld padding
+//! and the gaps between batch entries), and NaN in C when beta = 0.
+
+use crate::element::Element;
+use crate::spec::{GemmSpec, Operand, Scalar};
+
+/// Sentinel written everywhere in C's buffer that the GEMM must not touch.
+pub const SENTINEL: f64 = -7.0e5 - 0.3125;
+
+/// Elements of sentinel before and after C's slice.
+pub const GUARD: usize = 64;
+
+/// a + b as an unevaluated sum (hi, lo) with hi = fl(a + b): Knuth's TwoSum.
+fn two_sum(a: f64, b: f64) -> (f64, f64) {
+    let s = a + b;
+    let bb = s - a;
+    (s, (a - (s - bb)) + (b - bb))
+}
+
+/// a * b as (hi, lo) with hi = fl(a * b), exact through one FMA.
+fn two_prod(a: f64, b: f64) -> (f64, f64) {
+    let p = a * b;
+    (p, a.mul_add(b, -p))
+}
+
+/// A double-double accumulator: about 106 bits of significand.
+#[derive(Clone, Copy, Default)]
+struct DoubleDouble {
+    hi: f64,
+    lo: f64,
+}
+
+impl DoubleDouble {
+    fn add(&mut self, (hi, lo): (f64, f64)) {
+        let (s, e) = two_sum(self.hi, hi);
+        let e = e + self.lo + lo;
+        let (s, e) = two_sum(s, e);
+        self.hi = s;
+        self.lo = e;
+    }
+    fn scaled(self, x: f64) -> DoubleDouble {
+        let (p, e) = two_prod(self.hi, x);
+        let mut r = DoubleDouble { hi: p, lo: 0.0 };
+        r.add((e + self.lo * x, 0.0));
+        r
+    }
+    fn value(self) -> f64 {
+        self.hi + self.lo
+    }
+}
+
+/// The result of the reference for one element of C, and the magnitude its error is
+/// measured against: |alpha| Σ|a||b| + |beta| |c| (the standard GEMM error bound's scale).
+#[derive(Clone, Copy, Debug)]
+pub struct Expected {
+    pub value: f64,
+    pub scale: f64,
+}
+
+/// C_i[row, col] of matrix `index` of the batch after the GEMM, in double-double arithmetic.
+/// `c` is C before the GEMM; with beta = 0 it is not read (BLAS semantics).
+#[allow(clippy::too_many_arguments)]
+pub fn expected<T: Element>(
+    spec: &GemmSpec,
+    a: &[T],
+    b: &[T],
+    c: &[T],
+    index: usize,
+    row: usize,
+    col: usize,
+    alpha: f64,
+    beta: f64,
+) -> Expected {
+    let (oa, ob, oc) = (
+        index * spec.stride(Operand::A),
+        index * spec.stride(Operand::B),
+        index * spec.stride(Operand::C),
+    );
+    let mut sum = DoubleDouble::default();
+    let mut magnitude = 0.0;
+    if alpha != 0.0 {
+        for p in 0..spec.k() {
+            let x = a[oa + spec.index(Operand::A, row, p)].to_f64();
+            let y = b[ob + spec.index(Operand::B, p, col)].to_f64();
+            sum.add(two_prod(x, y));
+            magnitude += (x * y).abs();
+        }
+    }
+    let mut result = sum.scaled(alpha);
+    let mut scale = alpha.abs() * magnitude;
+    if beta != 0.0 {
+        let old = c[oc + spec.index(Operand::C, row, col)].to_f64();
+        result.add(two_prod(beta, old));
+        scale += (beta * old).abs();
+    }
+    Expected {
+        value: result.value(),
+        scale,
+    }
+}
+
+/// Error tolerance, relative to `Expected::scale`: a dot product of length k accumulated
+/// with FMAs, then alpha and beta applied, with a safety factor of 2.
+pub fn tolerance(spec: &GemmSpec) -> f64 {
+    2.0 * (spec.k() as f64 + 3.0) * spec.dtype().unit_roundoff()
+}
+
+/// A small, fast, seedable generator (SplitMix64): test data must be reproducible from the
+/// seed printed with a failure.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, -1/4] ∪ [1/4, 1]: never zero, never tiny, both signs.
+    pub fn nonzero(&mut self) -> f64 {
+        let u = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let magnitude = 0.25 + 0.75 * u;
+        if self.next_u64() & 1 == 0 {
+            magnitude
+        } else {
+            -magnitude
+        }
+    }
+}
+
+/// Operands for one checked run of a spec: A and B random, C random (or NaN when beta = 0)
+/// inside the m x n blocks and `SENTINEL` everywhere else, including `GUARD` elements on
+/// either side of the slice the kernel gets.
+#[derive(Clone, Debug)]
+pub struct TestData<T: Element> {
+    pub spec: GemmSpec,
+    pub batch: usize,
+    pub a: Vec<T>,
+    pub b: Vec<T>,
+    /// C with the guards: the kernel's C is `c[GUARD..GUARD + len]`, see [`Self::c_mut`].
+    c_guarded: Vec<T>,
+    /// `c_guarded` as it was before the kernel ran.
+    c_before: Vec<T>,
+}
+
+/// What a check found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckReport {
+    /// Largest error over all of C, relative to each element's `Expected::scale`.
+    pub max_error: f64,
+    pub tolerance: f64,
+    /// The first problem found, if any.
+    pub failure: Option<String>,
+}
+
+impl CheckReport {
+    pub fn passed(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+impl<T: Element> TestData<T> {
+    pub fn new(spec: &GemmSpec, batch: usize, seed: u64) -> Self {
+        let mut rng = SplitMix64::new(seed);
+        let mut random =
+            |n: usize| -> Vec<T> { (0..n).map(|_| T::from_f64(rng.nonzero())).collect() };
+        let a = random(spec.required_len(Operand::A, batch));
+        let b = random(spec.required_len(Operand::B, batch));
+        let c_len = spec.required_len(Operand::C, batch);
+        let mut c_guarded = vec![T::from_f64(SENTINEL); c_len + 2 * GUARD];
+        let nan_c = spec.beta() == Scalar::Zero;
+        let fill = random(spec.m() * spec.n() * batch);
+        let mut values = fill.into_iter();
+        for index in 0..batch {
+            for col in 0..spec.n() {
+                for row in 0..spec.m() {
+                    let at =
+                        GUARD + index * spec.stride(Operand::C) + spec.index(Operand::C, row, col);
+                    let v = values.next().expect("one value per element");
+                    c_guarded[at] = if nan_c { T::from_f64(f64::NAN) } else { v };
+                }
+            }
+        }
+        TestData {
+            spec: *spec,
+            batch,
+            a,
+            b,
+            c_before: c_guarded.clone(),
+            c_guarded,
+        }
+    }
+
+    /// The C slice to hand to the kernel (element 0 is the first C of the batch).
+    pub fn c_mut(&mut self) -> &mut [T] {
+        let len = self.c_guarded.len() - 2 * GUARD;
+        &mut self.c_guarded[GUARD..GUARD + len]
+    }
+
+    /// The C slice as the kernel left it.
+    pub fn c(&self) -> &[T] {
+        &self.c_guarded[GUARD..self.c_guarded.len() - GUARD]
+    }
+
+    /// Restores C to its state before any run.
+    pub fn reset_c(&mut self) {
+        self.c_guarded.copy_from_slice(&self.c_before);
+    }
+
+    /// Compares C with the reference (alpha and beta are the values the kernel used) and
+    /// every element outside the m x n blocks with its sentinel, bit for bit.
+    pub fn check(&self, alpha: f64, beta: f64) -> CheckReport {
+        let spec = &self.spec;
+        let tolerance = tolerance(spec);
+        let before = &self.c_before[GUARD..self.c_before.len() - GUARD];
+        let mut inside = vec![false; self.c_guarded.len()];
+        let mut max_error: f64 = 0.0;
+        let mut failure = None;
+        for index in 0..self.batch {
+            for col in 0..spec.n() {
+                for row in 0..spec.m() {
+                    let at = index * spec.stride(Operand::C) + spec.index(Operand::C, row, col);
+                    inside[GUARD + at] = true;
+                    let e = expected(spec, &self.a, &self.b, before, index, row, col, alpha, beta);
+                    // Round the exact value to T before comparing: that much error is free.
+                    let exact = T::from_f64(e.value).to_f64();
+                    let got = self.c()[at].to_f64();
+                    let diff = (got - exact).abs();
+                    let error = if e.scale > 0.0 {
+                        diff / e.scale
+                    } else if diff == 0.0 {
+                        0.0
+                    } else {
+                        f64::INFINITY
+                    };
+                    // NaN (a NaN that leaked from C, say) counts as the worst error.
+                    let error = if error.is_nan() { f64::INFINITY } else { error };
+                    max_error = max_error.max(error);
+                    if error > tolerance && failure.is_none() {
+                        failure = Some(format!(
+                            "C[{row},{col}] of matrix {index}: got {got}, expected {} (error {error:.3e} > tolerance {tolerance:.3e})",
+                            e.value
+                        ));
+                    }
+                }
+            }
+        }
+        if failure.is_none() {
+            for (i, (now, was)) in self.c_guarded.iter().zip(&self.c_before).enumerate() {
+                if !inside[i] && now.bits() != was.bits() {
+                    failure = Some(format!(
+                        "element {} of C's buffer (outside every m x n block) changed from {was} to {now}",
+                        i as i64 - GUARD as i64
+                    ));
+                    break;
+                }
+            }
+        }
+        CheckReport {
+            max_error,
+            tolerance,
+            failure,
+        }
+    }
+}

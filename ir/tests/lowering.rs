@@ -1,0 +1,193 @@
+//! The lowering, checked through the `Program` interpreter against the reference: no
+//! backend involved. Covers planned schedules and schedules forced into every loop form.
+
+use smallgemm_ir::reference::TestData;
+use smallgemm_ir::{
+    compile_program, interpret, Dtype, Element, GemmSpec, Layout, Scalar, Schedule, Target, Trans,
+};
+
+fn run_case<T: Element>(spec: &GemmSpec, target: Target, schedule: Option<&Schedule>, seed: u64) {
+    let (schedule, program) =
+        compile_program(spec, target, schedule).unwrap_or_else(|e| panic!("{}: {e}", spec.name()));
+    let batch = 3;
+    let mut data = TestData::<T>::new(spec, batch, seed);
+    let (alpha, beta) = (
+        spec.alpha().value().unwrap_or(1.375),
+        spec.beta().value().unwrap_or(-0.625),
+    );
+    let mut params = Vec::new();
+    if spec.alpha() == Scalar::Runtime {
+        params.push(T::from_f64(alpha));
+    }
+    if spec.beta() == Scalar::Runtime {
+        params.push(T::from_f64(beta));
+    }
+    let (a, b) = if spec.col_major().swap_operands {
+        (data.b.clone(), data.a.clone())
+    } else {
+        (data.a.clone(), data.b.clone())
+    };
+    interpret(&program, &a, &b, data.c_mut(), batch, &params).unwrap_or_else(|e| {
+        panic!(
+            "{} on {target} with {schedule:?}: {e}\n{program}",
+            spec.name()
+        )
+    });
+    let report = data.check(alpha, beta);
+    assert!(
+        report.passed(),
+        "{} on {target} with {schedule:?}: {}",
+        spec.name(),
+        report.failure.unwrap()
+    );
+}
+
+fn specs(dtype: Dtype, m: usize, n: usize, k: usize) -> Vec<GemmSpec> {
+    let mut out = Vec::new();
+    let scalars = [
+        (Scalar::One, Scalar::Zero),
+        (Scalar::MinusOne, Scalar::One),
+        (Scalar::Runtime, Scalar::Runtime),
+        (Scalar::One, Scalar::MinusOne),
+        (Scalar::fixed(2.5).unwrap(), Scalar::One),
+        (Scalar::Runtime, Scalar::Zero),
+        (Scalar::Zero, Scalar::Runtime),
+    ];
+    for (i, ta) in [Trans::N, Trans::T].into_iter().enumerate() {
+        for (j, tb) in [Trans::N, Trans::T].into_iter().enumerate() {
+            for layout in [Layout::ColMajor, Layout::RowMajor] {
+                let (alpha, beta) = scalars[(i * 2 + j + m + n + k) % scalars.len()];
+                let pad = (m + k) % 3;
+                let b = GemmSpec::builder(dtype, m, n, k)
+                    .layout(layout)
+                    .trans_a(ta)
+                    .trans_b(tb)
+                    .alpha(alpha)
+                    .beta(beta);
+                let base = b.build().unwrap();
+                let lda = base.stored_dims(smallgemm_ir::Operand::A).0 + pad;
+                let ldc = base.stored_dims(smallgemm_ir::Operand::C).0 + 1;
+                let spec = b.lda(lda).ldc(ldc).build().unwrap();
+                let stride_c = spec.footprint(smallgemm_ir::Operand::C) + 5;
+                out.push(b.lda(lda).ldc(ldc).stride_c(stride_c).build().unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn planned_schedules_compute_the_reference() {
+    let shapes = [
+        (1, 1, 1),
+        (2, 2, 2),
+        (3, 5, 7),
+        (4, 4, 4),
+        (7, 3, 2),
+        (8, 8, 8),
+        (9, 9, 9),
+        (13, 1, 5),
+        (16, 16, 16),
+        (17, 5, 3),
+        (1, 17, 4),
+        (23, 29, 31),
+        (32, 32, 32),
+        (33, 7, 40),
+        (70, 40, 70),
+    ];
+    let mut seed = 1;
+    for (m, n, k) in shapes {
+        for target in [Target::AVX2, Target::AVX512] {
+            for spec in specs(Dtype::F64, m, n, k) {
+                seed += 1;
+                run_case::<f64>(&spec, target, None, seed);
+            }
+            for spec in specs(Dtype::F32, m, n, k) {
+                seed += 1;
+                run_case::<f32>(&spec, target, None, seed);
+            }
+        }
+    }
+}
+
+#[test]
+fn looped_schedules_compute_the_reference() {
+    let mut seed = 1000;
+    for (m, n, k) in [(37, 23, 19), (20, 9, 11), (8, 8, 9), (5, 13, 33)] {
+        for target in [Target::AVX2, Target::AVX512] {
+            for s in [
+                Schedule {
+                    m_vectors: 1,
+                    n_cols: 2,
+                    k_unroll: 4,
+                    unroll_m_blocks: false,
+                    unroll_n_blocks: false,
+                },
+                Schedule {
+                    m_vectors: 2,
+                    n_cols: 3,
+                    k_unroll: 3,
+                    unroll_m_blocks: true,
+                    unroll_n_blocks: false,
+                },
+                Schedule {
+                    m_vectors: 1,
+                    n_cols: 4,
+                    k_unroll: 0,
+                    unroll_m_blocks: false,
+                    unroll_n_blocks: true,
+                },
+                Schedule {
+                    m_vectors: 2,
+                    n_cols: 1,
+                    k_unroll: 5,
+                    unroll_m_blocks: true,
+                    unroll_n_blocks: true,
+                },
+            ] {
+                for spec in specs(Dtype::F64, m, n, k) {
+                    seed += 1;
+                    run_case::<f64>(&spec, target, Some(&s), seed);
+                }
+                for spec in specs(Dtype::F32, m, n, k) {
+                    seed += 1;
+                    run_case::<f32>(&spec, target, Some(&s), seed);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn large_shapes_plan_loops_within_budget() {
+    for target in [Target::AVX2, Target::AVX512] {
+        let spec = GemmSpec::builder(Dtype::F64, 256, 256, 256)
+            .trans_a(Trans::T)
+            .build()
+            .unwrap();
+        let (s, program) = compile_program(&spec, target, None).unwrap();
+        assert!(s.k_unroll > 0 || !s.unroll_n_blocks, "{s:?}");
+        assert!(
+            program.op_counts().static_ops < 2 * smallgemm_ir::UNROLL_BUDGET as u64,
+            "{s:?}: {} ops",
+            program.op_counts().static_ops
+        );
+    }
+}
+
+#[test]
+fn planner_respects_register_file() {
+    for target in [Target::AVX2, Target::AVX512] {
+        for n in 1..=40 {
+            for dtype in [Dtype::F32, Dtype::F64] {
+                let spec = GemmSpec::builder(dtype, n, n, n)
+                    .alpha(Scalar::Runtime)
+                    .beta(Scalar::Runtime)
+                    .build()
+                    .unwrap();
+                let (s, p) = compile_program(&spec, target, None).unwrap();
+                assert!(p.vregs <= target.vector_registers(), "{s:?}");
+            }
+        }
+    }
+}
