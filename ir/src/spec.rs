@@ -433,11 +433,15 @@ impl GemmSpec {
         self.ld(operand) * (other - 1) + lead
     }
 
-    /// Elements a slice must hold for `batch` matrices of this operand.
+    /// Elements a slice must hold for `batch` matrices of this operand (saturating at
+    /// `usize::MAX`, which no slice holds).
     pub fn required_len(&self, operand: Operand, batch: usize) -> usize {
         match batch {
             0 => 0,
-            _ => self.stride(operand) * (batch - 1) + self.footprint(operand),
+            _ => self
+                .stride(operand)
+                .saturating_mul(batch - 1)
+                .saturating_add(self.footprint(operand)),
         }
     }
 

@@ -1,0 +1,153 @@
+//! `smallgemm`: run and verify JIT kernels, or emit their machine code.
+
+mod emit;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use smallgemm::{Dtype, GemmSpec, Layout, Scalar, Trans};
+
+#[derive(Parser)]
+#[command(name = "smallgemm", version, about = "JIT-compiled batched small GEMM")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile, run on random data, check against a higher-precision reference, time.
+    /// With no shape: a sweep over square sizes 2..32 in f64 and f32.
+    Run(run::RunArgs),
+    /// Write a kernel's machine code as an Intel-syntax listing or raw bytes.
+    Emit(emit::EmitArgs),
+    /// Show the CPU's supported instruction sets and what the JIT picks.
+    Info,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DtypeArg {
+    F64,
+    F32,
+}
+
+impl From<DtypeArg> for Dtype {
+    fn from(d: DtypeArg) -> Dtype {
+        match d {
+            DtypeArg::F64 => Dtype::F64,
+            DtypeArg::F32 => Dtype::F32,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LayoutArg {
+    Col,
+    Row,
+}
+
+/// The GEMM shape and storage flags shared by `run` and `emit`.
+#[derive(Args, Clone, Debug)]
+pub struct ShapeArgs {
+    /// Rows of op(A) and C.
+    #[arg(long)]
+    pub m: Option<usize>,
+    /// Columns of op(B) and C.
+    #[arg(long)]
+    pub n: Option<usize>,
+    /// Columns of op(A), rows of op(B).
+    #[arg(long)]
+    pub k: Option<usize>,
+    /// op(A) = A transposed.
+    #[arg(long)]
+    pub trans_a: bool,
+    /// op(B) = B transposed.
+    #[arg(long)]
+    pub trans_b: bool,
+    /// Storage order of A, B and C.
+    #[arg(long, value_enum, default_value = "col")]
+    pub layout: LayoutArg,
+    /// Leading dimensions (default: tight).
+    #[arg(long)]
+    pub lda: Option<usize>,
+    #[arg(long)]
+    pub ldb: Option<usize>,
+    #[arg(long)]
+    pub ldc: Option<usize>,
+}
+
+impl ShapeArgs {
+    /// The spec for these flags with the given dtype, shape and scalar kinds.
+    pub fn spec(
+        &self,
+        dtype: Dtype,
+        (m, n, k): (usize, usize, usize),
+        alpha: Scalar,
+        beta: Scalar,
+    ) -> Result<GemmSpec, smallgemm::SpecError> {
+        let t = |on: bool| if on { Trans::T } else { Trans::N };
+        let mut b = GemmSpec::builder(dtype, m, n, k)
+            .trans_a(t(self.trans_a))
+            .trans_b(t(self.trans_b))
+            .layout(match self.layout {
+                LayoutArg::Col => Layout::ColMajor,
+                LayoutArg::Row => Layout::RowMajor,
+            })
+            .alpha(alpha)
+            .beta(beta);
+        if let Some(ld) = self.lda {
+            b = b.lda(ld);
+        }
+        if let Some(ld) = self.ldb {
+            b = b.ldb(ld);
+        }
+        if let Some(ld) = self.ldc {
+            b = b.ldc(ld);
+        }
+        b.build()
+    }
+
+    /// (m, n, k) when all three are given; an error when only some are.
+    pub fn shape(&self) -> Result<Option<(usize, usize, usize)>, String> {
+        match (self.m, self.n, self.k) {
+            (Some(m), Some(n), Some(k)) => Ok(Some((m, n, k))),
+            (None, None, None) => Ok(None),
+            _ => Err("give all of --m, --n and --k, or none of them".into()),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(&args),
+        Command::Emit(args) => emit::emit(&args),
+        Command::Info => info(),
+    };
+    match result {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("smallgemm: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn info() -> Result<ExitCode, String> {
+    let isas = smallgemm::supported_isas();
+    let names: Vec<_> = isas.iter().map(|i| i.name()).collect();
+    println!(
+        "supported: {}",
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    );
+    match smallgemm::detect() {
+        Ok(t) => println!("JIT target: {t}"),
+        Err(e) => println!("JIT target: none ({e})"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

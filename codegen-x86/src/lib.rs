@@ -1,0 +1,62 @@
+//! smallgemm's x86-64 backend: a lowered [`Program`] becomes AVX2 or AVX-512 machine code
+//! (encoded with iced-x86, System V calling convention), and machine code becomes an
+//! Intel-syntax listing.
+//!
+//! The emitted function is position independent (branches and its tail-mask constants are
+//! RIP-relative), has the signature
+//! `extern "sysv64" fn(a: *const T, b: *const T, c: *mut T, batch: usize, [alpha: T], [beta: T])`
+//! with the scalars present as `Program::params` lists them, preserves every callee-saved
+//! register it uses, and runs `vzeroupper` before it returns.
+
+mod abi;
+mod disasm;
+mod emit;
+mod regs;
+
+use smallgemm_ir::{Isa, Program};
+use thiserror::Error;
+
+pub use disasm::{disassemble, listing};
+
+/// Machine code of one kernel: instructions followed by its constants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineCode {
+    pub bytes: Vec<u8>,
+    /// Bytes of instructions; the rest are constants (tail masks).
+    pub code_len: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum EmitError {
+    #[error("the program needs {needed} general registers; the x86-64 backend has {available}")]
+    TooManyGeneralRegisters { needed: usize, available: usize },
+    #[error("the program uses vector register {0}, beyond what it declares")]
+    TooManyVectorRegisters(usize),
+    #[error("the program needs {0} masks; AVX-512 has 7 opmask registers")]
+    TooManyMasks(usize),
+    #[error("mask m{0} has no vector register on AVX2")]
+    MaskWithoutRegister(u8),
+    #[error("the program stores a run-time scalar it does not declare")]
+    UnknownParam,
+    #[error("{0} is not available on {1}")]
+    Unsupported(&'static str, Isa),
+    #[error("iced-x86: {0}")]
+    Encoder(String),
+}
+
+impl From<iced_x86::IcedError> for EmitError {
+    fn from(e: iced_x86::IcedError) -> Self {
+        EmitError::Encoder(e.to_string())
+    }
+}
+
+/// Encodes `program` for `isa`.
+pub fn emit(program: &Program, isa: Isa) -> Result<MachineCode, EmitError> {
+    let max_vregs = smallgemm_ir::Target::new(isa).vector_registers();
+    if program.vregs > max_vregs {
+        return Err(EmitError::TooManyVectorRegisters(program.vregs));
+    }
+    let mut emitter = emit::Emitter::new(program, isa)?;
+    emitter.body()?;
+    emitter.finish()
+}

@@ -1,0 +1,46 @@
+//! Register mapping: the Program's numbered registers onto x86-64 registers.
+
+use iced_x86::Register;
+use smallgemm_ir::{Gpr, Isa, VReg};
+
+use crate::EmitError;
+
+/// The vector register for `v`: ymm on AVX2, zmm on AVX-512.
+pub(crate) fn vector(isa: Isa, v: VReg) -> Register {
+    let first = match isa {
+        Isa::Avx2 => Register::YMM0,
+        Isa::Avx512 => Register::ZMM0,
+    };
+    nth(first, v.0 as usize)
+}
+
+/// The xmm register that aliases the low lanes of `v`.
+pub(crate) fn xmm(v: VReg) -> Register {
+    nth(Register::XMM0, v.0 as usize)
+}
+
+/// AVX-512 opmask register for mask number `i` (k0 means "no mask", so masks start at k1).
+pub(crate) fn opmask(i: u8) -> Result<Register, EmitError> {
+    if i >= 7 {
+        return Err(EmitError::TooManyMasks(i as usize + 1));
+    }
+    Ok(nth(Register::K1, i as usize))
+}
+
+/// The general register `g` is allocated to, per the calling convention's table.
+pub(crate) fn general(table: &[Register], g: Gpr) -> Result<Register, EmitError> {
+    if g == Gpr::SCRATCH {
+        return Ok(Register::RSP);
+    }
+    table
+        .get(g.0 as usize)
+        .copied()
+        .ok_or(EmitError::TooManyGeneralRegisters {
+            needed: g.0 as usize + 1,
+            available: table.len(),
+        })
+}
+
+fn nth(first: Register, i: usize) -> Register {
+    Register::try_from(first as usize + i).expect("register numbers are checked against the target")
+}

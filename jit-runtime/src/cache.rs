@@ -1,0 +1,49 @@
+//! The kernel cache: one compiled kernel per (spec, target, schedule), shared by all
+//! threads. Concurrent first requests for one key compile it once; the others wait for it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use smallgemm_ir::{GemmSpec, Schedule, Target};
+
+use crate::kernel::Kernel;
+use crate::Error;
+
+type Key = (GemmSpec, Target, Option<Schedule>);
+type Slot = Arc<OnceLock<Result<Arc<Kernel>, Error>>>;
+
+#[derive(Default)]
+pub(crate) struct KernelCache {
+    slots: Mutex<HashMap<Key, Slot>>,
+    compilations: AtomicUsize,
+}
+
+impl KernelCache {
+    /// The cached kernel for `key`, compiling it on first use. Errors are cached too: a
+    /// spec that failed to compile fails again at the cost of a lookup.
+    pub(crate) fn get_or_compile(&self, key: Key) -> Result<Arc<Kernel>, Error> {
+        let slot = {
+            // A panic elsewhere while holding the lock leaves the map consistent (insertions
+            // are single calls), so a poisoned lock is still usable.
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            slots.entry(key).or_default().clone()
+        };
+        // The map lock is released: other keys compile in parallel, and threads asking for
+        // this key block in `get_or_init` until the first one has compiled it.
+        slot.get_or_init(|| {
+            self.compilations.fetch_add(1, Ordering::Relaxed);
+            let (spec, target, schedule) = &key;
+            Kernel::compile(spec, *target, schedule.as_ref()).map(Arc::new)
+        })
+        .clone()
+    }
+
+    pub(crate) fn compilations(&self) -> usize {
+        self.compilations.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}

@@ -1,0 +1,40 @@
+//! The one error type of the runtime: every public function returns it instead of panicking.
+
+use smallgemm_codegen_x86::EmitError;
+use smallgemm_ir::{Dtype, Isa, LowerError, Operand, SpecError};
+use thiserror::Error;
+
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum Error {
+    #[error("invalid GEMM: {0}")]
+    Spec(#[from] SpecError),
+    #[error("cannot lower the kernel: {0}")]
+    Lower(#[from] LowerError),
+    #[error("cannot encode the kernel: {0}")]
+    Emit(#[from] EmitError),
+    #[error("this CPU supports neither AVX-512 (F, VL, DQ, BW) nor AVX2 with FMA; smallgemm's JIT needs one of them")]
+    NoSupportedIsa,
+    #[error("this CPU does not support {isa} (it has: {available})")]
+    IsaNotAvailable { isa: Isa, available: String },
+    #[error("the kernel computes {kernel:?} but the buffers hold {given:?}")]
+    DtypeMismatch { kernel: Dtype, given: Dtype },
+    #[error("the kernel was compiled for {which} = {compiled}, but {which} = {given} was passed")]
+    ScalarMismatch {
+        which: &'static str,
+        compiled: f64,
+        given: f64,
+    },
+    #[error("{operand} holds {len} elements; a batch of {batch} needs {required}")]
+    SliceTooShort {
+        operand: Operand,
+        len: usize,
+        required: usize,
+        batch: usize,
+    },
+    #[error("the pointer to {operand} is null")]
+    NullPointer { operand: Operand },
+    #[error("the pointer to {operand} is not aligned to its element size")]
+    Misaligned { operand: Operand },
+    #[error("cannot map executable memory: {0}")]
+    ExecutableMemory(String),
+}

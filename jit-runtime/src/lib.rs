@@ -1,0 +1,117 @@
+//! smallgemm: batched small matrix multiplication with JIT-compiled kernels.
+//!
+//! For each GEMM shape it generates machine code specialised to that shape (sizes, leading
+//! dimensions, transposes, alpha/beta kinds and batch strides are constants in the code),
+//! register-blocked for AVX-512 or AVX2, and caches it. One call runs a whole strided batch.
+//!
+//! ```
+//! use smallgemm::{Dtype, GemmSpec, Jit, Scalar};
+//!
+//! # fn main() -> Result<(), smallgemm::Error> {
+//! # if smallgemm::supported_isas().is_empty() { return Ok(()); }
+//! let (m, n, k, batch) = (4, 4, 4, 1000);
+//! let spec = GemmSpec::builder(Dtype::F64, m, n, k)
+//!     .alpha(Scalar::One)
+//!     .beta(Scalar::Runtime)
+//!     .build()?;
+//! let a = vec![1.0; m * k * batch];
+//! let b = vec![2.0; k * n * batch];
+//! let mut c = vec![0.5; m * n * batch];
+//! let jit = Jit::new()?; // or smallgemm::global()?
+//! let kernel = jit.kernel(&spec)?; // compiled once, then cached
+//! kernel.run(&a, &b, &mut c, batch, 1.0, 2.0)?; // C = A B + 2 C, for every matrix
+//! assert_eq!(c[0], 4.0 * 2.0 + 1.0);
+//! # Ok(())
+//! # }
+//! ```
+
+mod cache;
+mod cpu;
+mod error;
+mod exec;
+mod kernel;
+
+use std::sync::{Arc, OnceLock};
+
+pub use cpu::{detect, supported_isas};
+pub use error::Error;
+pub use kernel::{generate, Generated, Kernel};
+pub use smallgemm_codegen_x86::{disassemble, listing, MachineCode};
+pub use smallgemm_ir::{
+    Dtype, Element, GemmSpec, GemmSpecBuilder, Isa, Layout, Operand, Scalar, Schedule, SpecError,
+    Target, Trans,
+};
+
+/// The JIT for one target: compiles kernels on first use and caches them, thread-safe.
+pub struct Jit {
+    target: Target,
+    cache: cache::KernelCache,
+}
+
+impl Jit {
+    /// A JIT for the best ISA of this CPU (AVX-512, else AVX2).
+    pub fn new() -> Result<Jit, Error> {
+        Ok(Jit::for_target(cpu::detect()?))
+    }
+
+    /// A JIT for `isa`; fails if this CPU does not run it.
+    pub fn with_isa(isa: Isa) -> Result<Jit, Error> {
+        Ok(Jit::for_target(cpu::require(isa)?))
+    }
+
+    fn for_target(target: Target) -> Jit {
+        Jit {
+            target,
+            cache: cache::KernelCache::default(),
+        }
+    }
+
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    /// The kernel for `spec` with the planner's schedule, compiled on first request.
+    pub fn kernel(&self, spec: &GemmSpec) -> Result<Arc<Kernel>, Error> {
+        self.cache.get_or_compile((*spec, self.target, None))
+    }
+
+    /// The kernel for `spec` with a given schedule (for tuning), cached separately.
+    pub fn kernel_with_schedule(
+        &self,
+        spec: &GemmSpec,
+        schedule: &Schedule,
+    ) -> Result<Arc<Kernel>, Error> {
+        self.cache
+            .get_or_compile((*spec, self.target, Some(*schedule)))
+    }
+
+    /// How many kernels this JIT has compiled (cache misses).
+    pub fn compilations(&self) -> usize {
+        self.cache.compilations()
+    }
+
+    /// How many (spec, schedule) keys the cache holds.
+    pub fn cached_kernels(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+/// The process-wide JIT for this CPU's best ISA, created on first use.
+pub fn global() -> Result<&'static Jit, Error> {
+    static GLOBAL: OnceLock<Result<Jit, Error>> = OnceLock::new();
+    GLOBAL.get_or_init(Jit::new).as_ref().map_err(Clone::clone)
+}
+
+/// One-call strided batched GEMM through the global JIT: `spec`'s alpha and beta kinds must
+/// match the values (use [`Scalar::from_value`] to build them from values).
+pub fn gemm_batch_strided<T: Element>(
+    spec: &GemmSpec,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    batch: usize,
+    alpha: T,
+    beta: T,
+) -> Result<(), Error> {
+    global()?.kernel(spec)?.run(a, b, c, batch, alpha, beta)
+}
