@@ -1,0 +1,256 @@
+//! The correctness matrix: every kernel against the double-double reference, with sentinels
+//! around and inside C (ld padding, gaps between batch entries), NaN in C when beta = 0, and
+//! the Program interpreter agreeing bit for bit with the machine code.
+
+mod common;
+
+use smallgemm::{Dtype, GemmSpec, Isa, Jit, Layout, Operand, Scalar, Trans};
+use smallgemm_ir::reference::SplitMix64;
+
+const ALPHAS: [Scalar; 3] = [Scalar::One, Scalar::MinusOne, Scalar::Runtime];
+const BETAS: [Scalar; 3] = [Scalar::Zero, Scalar::One, Scalar::Runtime];
+const TRANS: [(Trans, Trans); 4] = [
+    (Trans::N, Trans::N),
+    (Trans::N, Trans::T),
+    (Trans::T, Trans::N),
+    (Trans::T, Trans::T),
+];
+/// Batch lengths that are not multiples of any chunk size.
+const BATCHES: [usize; 4] = [1, 3, 7, 13];
+
+/// A spec with padded leading dimensions and gaps between the C matrices of the batch.
+#[allow(clippy::too_many_arguments)]
+fn padded_spec(
+    dtype: Dtype,
+    layout: Layout,
+    (m, n, k): (usize, usize, usize),
+    (ta, tb): (Trans, Trans),
+    alpha: Scalar,
+    beta: Scalar,
+    pad: usize,
+) -> GemmSpec {
+    let builder = GemmSpec::builder(dtype, m, n, k)
+        .layout(layout)
+        .trans_a(ta)
+        .trans_b(tb)
+        .alpha(alpha)
+        .beta(beta);
+    let tight = builder.build().expect("a valid shape");
+    let ld = |o: Operand, extra: usize| tight.stored_dims(o).0 + extra;
+    let padded = builder
+        .lda(ld(Operand::A, pad))
+        .ldb(ld(Operand::B, (pad + 1) % 3))
+        .ldc(ld(Operand::C, (pad + 2) % 3))
+        .build()
+        .expect("padding keeps a spec valid");
+    let gap = (pad * 7) % 5;
+    builder
+        .lda(ld(Operand::A, pad))
+        .ldb(ld(Operand::B, (pad + 1) % 3))
+        .ldc(ld(Operand::C, (pad + 2) % 3))
+        .stride_a(padded.footprint(Operand::A) + gap)
+        .stride_b(padded.footprint(Operand::B) + (gap + 1) % 3)
+        .stride_c(padded.footprint(Operand::C) + gap)
+        .build()
+        .expect("gaps keep a spec valid")
+}
+
+fn jit(isa: Isa) -> Option<Jit> {
+    match Jit::with_isa(isa) {
+        Ok(jit) => Some(jit),
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// Every square size 1..=32 with every transpose and alpha/beta combination.
+fn squares(isa: Isa, dtype: Dtype) {
+    let Some(jit) = jit(isa) else { return };
+    let mut seed = 0;
+    for n in 1..=32 {
+        for trans in TRANS {
+            for alpha in ALPHAS {
+                for beta in BETAS {
+                    seed += 1;
+                    let layout = if seed % 5 == 0 {
+                        Layout::RowMajor
+                    } else {
+                        Layout::ColMajor
+                    };
+                    let spec = padded_spec(dtype, layout, (n, n, n), trans, alpha, beta, seed % 3);
+                    let batch = BATCHES[seed % BATCHES.len()];
+                    match dtype {
+                        Dtype::F64 => common::check_spec::<f64>(&jit, &spec, batch, seed as u64),
+                        Dtype::F32 => common::check_spec::<f32>(&jit, &spec, batch, seed as u64),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn squares_avx512_f64() {
+    squares(Isa::Avx512, Dtype::F64)
+}
+#[test]
+fn squares_avx512_f32() {
+    squares(Isa::Avx512, Dtype::F32)
+}
+#[test]
+fn squares_avx2_f64() {
+    squares(Isa::Avx2, Dtype::F64)
+}
+#[test]
+fn squares_avx2_f32() {
+    squares(Isa::Avx2, Dtype::F32)
+}
+
+/// A fixed sample of 320 rectangular shapes up to 64, rich in 1, primes and sizes next
+/// to multiples of the vector widths.
+fn rectangular_shapes() -> Vec<(usize, usize, usize)> {
+    const FAVOURITES: [usize; 24] = [
+        1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 4, 8, 15, 16, 33,
+    ];
+    let mut rng = SplitMix64::new(2024);
+    let pick = |rng: &mut SplitMix64| {
+        if rng.next_u64() % 3 == 0 {
+            1 + (rng.next_u64() % 64) as usize
+        } else {
+            FAVOURITES[(rng.next_u64() % FAVOURITES.len() as u64) as usize]
+        }
+    };
+    let mut shapes: Vec<_> = (0..320)
+        .map(|_| (pick(&mut rng), pick(&mut rng), pick(&mut rng)))
+        .collect();
+    shapes.extend([(1, 1, 1), (64, 1, 1), (1, 64, 1), (1, 1, 64), (64, 64, 64)]);
+    shapes
+}
+
+fn rectangular(isa: Isa, dtype: Dtype) {
+    let Some(jit) = jit(isa) else { return };
+    let mut seed = 10_000;
+    for (i, shape) in rectangular_shapes().into_iter().enumerate() {
+        for (t, trans) in TRANS.into_iter().enumerate() {
+            seed += 1;
+            // Cycle through the 9 alpha/beta combinations and both layouts.
+            let combo = (i + t) % 9;
+            let (alpha, beta) = (ALPHAS[combo / 3], BETAS[combo % 3]);
+            let layout = if (i + t) % 4 == 1 {
+                Layout::RowMajor
+            } else {
+                Layout::ColMajor
+            };
+            let spec = padded_spec(dtype, layout, shape, trans, alpha, beta, i % 3);
+            let batch = BATCHES[(i + t) % BATCHES.len()];
+            match dtype {
+                Dtype::F64 => common::check_spec::<f64>(&jit, &spec, batch, seed),
+                Dtype::F32 => common::check_spec::<f32>(&jit, &spec, batch, seed),
+            }
+        }
+    }
+}
+
+#[test]
+fn rectangular_avx512_f64() {
+    rectangular(Isa::Avx512, Dtype::F64)
+}
+#[test]
+fn rectangular_avx512_f32() {
+    rectangular(Isa::Avx512, Dtype::F32)
+}
+#[test]
+fn rectangular_avx2_f64() {
+    rectangular(Isa::Avx2, Dtype::F64)
+}
+#[test]
+fn rectangular_avx2_f32() {
+    rectangular(Isa::Avx2, Dtype::F32)
+}
+
+/// Other alpha and beta values: -1 for beta, values baked into the code, alpha = 0.
+#[test]
+fn other_scalar_kinds() {
+    let others = [
+        (Scalar::One, Scalar::MinusOne),
+        (Scalar::Runtime, Scalar::MinusOne),
+        (Scalar::fixed(0.75).unwrap(), Scalar::fixed(-2.5).unwrap()),
+        (Scalar::Zero, Scalar::Zero),
+        (Scalar::Zero, Scalar::Runtime),
+        (Scalar::MinusOne, Scalar::Runtime),
+    ];
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        let Some(jit) = jit(isa) else { continue };
+        let mut seed = 50_000;
+        for (alpha, beta) in others {
+            for shape in [(1, 1, 1), (9, 4, 3), (17, 17, 17), (33, 5, 8)] {
+                for trans in TRANS {
+                    seed += 1;
+                    let spec =
+                        padded_spec(Dtype::F64, Layout::ColMajor, shape, trans, alpha, beta, 1);
+                    common::check_spec::<f64>(&jit, &spec, 3, seed);
+                    let spec =
+                        padded_spec(Dtype::F32, Layout::RowMajor, shape, trans, alpha, beta, 2);
+                    common::check_spec::<f32>(&jit, &spec, 3, seed);
+                }
+            }
+        }
+    }
+}
+
+/// Shapes above 64, up to 256 in every dimension: blocks and k become loops.
+#[test]
+fn large_shapes() {
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        let Some(jit) = jit(isa) else { continue };
+        let mut seed = 90_000;
+        for (shape, trans) in [
+            ((256, 256, 256), (Trans::N, Trans::N)),
+            ((256, 256, 256), (Trans::T, Trans::T)),
+            ((129, 200, 97), (Trans::T, Trans::N)),
+            ((100, 3, 256), (Trans::N, Trans::T)),
+            ((3, 250, 130), (Trans::N, Trans::N)),
+        ] {
+            seed += 1;
+            let spec = padded_spec(
+                Dtype::F64,
+                Layout::ColMajor,
+                shape,
+                trans,
+                Scalar::Runtime,
+                Scalar::Runtime,
+                1,
+            );
+            common::check_spec::<f64>(&jit, &spec, 2, seed);
+            let spec = padded_spec(
+                Dtype::F32,
+                Layout::RowMajor,
+                shape,
+                trans,
+                Scalar::One,
+                Scalar::Zero,
+                2,
+            );
+            common::check_spec::<f32>(&jit, &spec, 2, seed);
+        }
+    }
+}
+
+/// Batch strides of 0 reuse one A or B for every matrix.
+#[test]
+fn zero_strides_broadcast_an_operand() {
+    let Ok(jit) = Jit::new() else { return };
+    let spec = GemmSpec::builder(Dtype::F64, 7, 5, 3)
+        .stride_a(0)
+        .beta(Scalar::One)
+        .build()
+        .unwrap();
+    common::check_spec::<f64>(&jit, &spec, 5, 7);
+    let spec = GemmSpec::builder(Dtype::F32, 7, 5, 3)
+        .stride_b(0)
+        .build()
+        .unwrap();
+    common::check_spec::<f32>(&jit, &spec, 5, 8);
+}

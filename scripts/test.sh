@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, every crate's tests (correctness matrix on both
+# x86 ISAs, interpreter oracle, snapshots, API contract), then the CLI sweep.
+# Runs on a fresh Debian machine that has the Rust toolchain (cargo, rustfmt, clippy).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages the tests need, installed when missing (none beyond Rust and a C
+# toolchain yet; later backends add theirs here).
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+# Snapshots must match what is committed (insta writes no files on CI).
+CI=true cargo test --workspace
+cargo run --release -q -p smallgemm-cli -- run --reps 5
