@@ -228,3 +228,78 @@ impl Kernel {
         }
     }
 }
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use smallgemm_ir::{Dtype, Scalar, Trans};
+
+    /// Calls the kernel with sentinels in every callee-saved general register and returns a
+    /// bit per register (rbx, rbp, r12, r13, r14, r15) that came back changed.
+    unsafe fn call_checking_callee_saved(
+        kernel: &Kernel,
+        a: *const f64,
+        b: *const f64,
+        c: *mut f64,
+        batch: usize,
+    ) -> u64 {
+        let changed: u64;
+        std::arch::asm!(
+            "push rbx", "push rbp", "push r12", "push r13", "push r14", "push r15",
+            // Align the stack for the call; remember where it was.
+            "mov rax, rsp", "and rsp, -16", "push rax", "push rax",
+            "mov rbx, 0x1111", "mov rbp, 0x2222", "mov r12, 0x3333",
+            "mov r13, 0x4444", "mov r14, 0x5555", "mov r15, 0x6666",
+            "call r11",
+            "xor r8, r8",
+            "cmp rbx, 0x1111", "setne al", "movzx rax, al", "or r8, rax",
+            "cmp rbp, 0x2222", "setne al", "movzx rax, al", "shl rax, 1", "or r8, rax",
+            "cmp r12, 0x3333", "setne al", "movzx rax, al", "shl rax, 2", "or r8, rax",
+            "cmp r13, 0x4444", "setne al", "movzx rax, al", "shl rax, 3", "or r8, rax",
+            "cmp r14, 0x5555", "setne al", "movzx rax, al", "shl rax, 4", "or r8, rax",
+            "cmp r15, 0x6666", "setne al", "movzx rax, al", "shl rax, 5", "or r8, rax",
+            "pop rax", "pop rax", "mov rsp, rax",
+            "pop r15", "pop r14", "pop r13", "pop r12", "pop rbp", "pop rbx",
+            in("rdi") a, in("rsi") b, in("rdx") c, in("rcx") batch,
+            in("xmm0") 1.25f64, in("xmm1") 0.5f64,
+            in("r11") kernel.exec.entry(),
+            out("r8") changed,
+            clobber_abi("sysv64"),
+        );
+        changed
+    }
+
+    #[test]
+    fn callee_saved_registers_survive() {
+        for isa in crate::supported_isas() {
+            let target = Target::new(isa);
+            // Large and transposed enough to loop over blocks and k (many general registers)
+            // and to need scratch memory (a frame).
+            for (m, n, k, ta) in [
+                (256, 256, 256, Trans::T),
+                (200, 150, 100, Trans::N),
+                (3, 3, 3, Trans::N),
+            ] {
+                let spec = GemmSpec::builder(Dtype::F64, m, n, k)
+                    .trans_a(ta)
+                    .alpha(Scalar::Runtime)
+                    .beta(Scalar::Runtime)
+                    .build()
+                    .unwrap();
+                let kernel = Kernel::compile(&spec, target, None).unwrap();
+                let a = vec![1.0; spec.required_len(smallgemm_ir::Operand::A, 2)];
+                let b = vec![1.0; spec.required_len(smallgemm_ir::Operand::B, 2)];
+                let mut c = vec![1.0; spec.required_len(smallgemm_ir::Operand::C, 2)];
+                // SAFETY: the buffers hold a batch of 2; the trampoline restores everything.
+                let changed = unsafe {
+                    call_checking_callee_saved(&kernel, a.as_ptr(), b.as_ptr(), c.as_mut_ptr(), 2)
+                };
+                assert_eq!(
+                    changed, 0,
+                    "{isa:?} {m}x{n}x{k}: callee-saved registers changed: {changed:#b}"
+                );
+                assert_eq!(c[0], 1.25 * k as f64 + 0.5, "{isa:?}");
+            }
+        }
+    }
+}
