@@ -79,7 +79,7 @@ pub fn emit(args: &EmitArgs) -> Result<ExitCode, String> {
                 params.join(", "),
                 generated.code.bytes.len()
             );
-            text.push_str(&smallgemm::listing(&generated.code));
+            text.push_str(&smallgemm::listing(args.isa, &generated.code));
             text.into_bytes()
         }
     };

@@ -85,6 +85,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, String> {
         let ok = match dtype {
             Dtype::F64 => run_one::<f64>(&jit, &spec, args),
             Dtype::F32 => run_one::<f32>(&jit, &spec, args),
+            Dtype::F16 => return Err("f16 kernels run on GPUs only".into()),
         }?;
         failures += !ok as usize;
     }

@@ -2,7 +2,7 @@
 
 use iced_x86::{Decoder, DecoderOptions, Formatter, Instruction, IntelFormatter};
 
-use crate::MachineCode;
+use smallgemm_ir::MachineCode;
 
 /// One line per instruction: offset, encoded bytes, Intel syntax.
 pub fn disassemble(bytes: &[u8]) -> String {

@@ -5,7 +5,9 @@ use iced_x86::code_asm::{ymmword_ptr, CodeAssembler, CodeLabel};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Trips};
 
-use crate::{abi, regs, EmitError, MachineCode};
+use smallgemm_ir::MachineCode;
+
+use crate::{abi, regs, EmitError};
 
 /// The instruction forms of one (ISA, dtype): vector ops are the same code with other opcodes.
 struct Forms {
@@ -23,9 +25,9 @@ struct Forms {
     mul: Code,
 }
 
-fn forms(isa: Isa, dtype: Dtype) -> Forms {
+fn forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
     use Code::*;
-    match (isa, dtype) {
+    Ok(match (isa, dtype) {
         (Isa::Avx2, Dtype::F64) => Forms {
             load: VEX_Vmovupd_ymm_ymmm256,
             store: VEX_Vmovupd_ymmm256_ymm,
@@ -82,7 +84,8 @@ fn forms(isa: Isa, dtype: Dtype) -> Forms {
             sub: EVEX_Vsubps_zmm_k1z_zmm_zmmm512b32_er,
             mul: EVEX_Vmulps_zmm_k1z_zmm_zmmm512b32_er,
         },
-    }
+        (_, Dtype::F16) => return Err(EmitError::Unsupported("f16", isa)),
+    })
 }
 
 /// Scalar moves have shorter VEX forms while the register is below 16.
@@ -90,8 +93,9 @@ fn vex_scalar(dtype: Dtype, load: bool) -> Code {
     match (dtype, load) {
         (Dtype::F64, true) => Code::VEX_Vmovsd_xmm_m64,
         (Dtype::F64, false) => Code::VEX_Vmovsd_m64_xmm,
-        (Dtype::F32, true) => Code::VEX_Vmovss_xmm_m32,
-        (Dtype::F32, false) => Code::VEX_Vmovss_m32_xmm,
+        // f16 programs are rejected by `forms` before any operation is emitted.
+        (_, true) => Code::VEX_Vmovss_xmm_m32,
+        (_, false) => Code::VEX_Vmovss_m32_xmm,
     }
 }
 
@@ -112,7 +116,7 @@ impl<'a> Emitter<'a> {
             asm,
             program,
             isa,
-            forms: forms(isa, program.dtype),
+            forms: forms(isa, program.dtype)?,
             mask_constants: Vec::new(),
         })
     }
@@ -189,7 +193,7 @@ impl<'a> Emitter<'a> {
                 Dtype::F64 => self.asm.dq(&(0..lanes)
                     .map(|i| if i < enabled { u64::MAX } else { 0 })
                     .collect::<Vec<_>>())?,
-                Dtype::F32 => self.asm.dd(&(0..lanes)
+                Dtype::F32 | Dtype::F16 => self.asm.dd(&(0..lanes)
                     .map(|i| if i < enabled { u32::MAX } else { 0 })
                     .collect::<Vec<_>>())?,
             }
@@ -415,7 +419,7 @@ impl<'a> Emitter<'a> {
                         let bits = value.to_bits();
                         vec![bits as u32, (bits >> 32) as u32]
                     }
-                    Dtype::F32 => vec![(value as f32).to_bits()],
+                    Dtype::F32 | Dtype::F16 => vec![(value as f32).to_bits()],
                 };
                 for (w, word) in words.into_iter().enumerate() {
                     let at = Addr::new(addr.base, addr.offset + 4 * w as i32);

@@ -13,18 +13,10 @@ mod disasm;
 mod emit;
 mod regs;
 
-use smallgemm_ir::{Isa, Program};
+use smallgemm_ir::{Isa, MachineCode, Program};
 use thiserror::Error;
 
 pub use disasm::{disassemble, listing};
-
-/// Machine code of one kernel: instructions followed by its constants.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MachineCode {
-    pub bytes: Vec<u8>,
-    /// Bytes of instructions; the rest are constants (tail masks).
-    pub code_len: usize,
-}
 
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum EmitError {

@@ -26,7 +26,9 @@ pub use element::Element;
 pub use interp::{interpret, InterpError};
 pub use lower::{lower, LowerError};
 pub use plan::{choose_unrolling, estimated_cycles, estimated_ops, plan, UNROLL_BUDGET};
-pub use program::{Addr, Gpr, Mask, MaskDecl, Op, OpCounts, Param, Program, Trips, VReg};
+pub use program::{
+    Addr, Gpr, MachineCode, Mask, MaskDecl, Op, OpCounts, Param, Program, Trips, VReg,
+};
 pub use schedule::{epilogue_temporaries, RegisterUse, Schedule, ScheduleError};
 pub use spec::{
     ColMajorProblem, Dtype, GemmSpec, GemmSpecBuilder, Layout, Operand, Scalar, SpecError, Trans,
@@ -40,6 +42,12 @@ pub fn compile_program(
     schedule: Option<&Schedule>,
 ) -> Result<(Schedule, Program), LowerError> {
     let problem = spec.col_major();
+    if !target.supports(problem.dtype) {
+        return Err(LowerError::UnsupportedDtype {
+            dtype: problem.dtype,
+            target,
+        });
+    }
     let schedule = match schedule {
         Some(s) => *s,
         None => plan(&problem, target),

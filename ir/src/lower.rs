@@ -22,6 +22,8 @@ use crate::target::{MaskSupport, Target};
 pub enum LowerError {
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    #[error("{target} has no kernels for {dtype:?}")]
+    UnsupportedDtype { dtype: crate::Dtype, target: Target },
     #[error("an address offset of {0} bytes does not fit in 32 bits")]
     OffsetOverflow(i64),
 }
@@ -92,6 +94,12 @@ pub fn lower(
     target: Target,
     schedule: &Schedule,
 ) -> Result<Program, LowerError> {
+    if !target.supports(problem.dtype) {
+        return Err(LowerError::UnsupportedDtype {
+            dtype: problem.dtype,
+            target,
+        });
+    }
     schedule.validate(problem, target)?;
     let lanes = target.lanes(problem.dtype);
     let mut l = Lowering {

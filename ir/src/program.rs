@@ -197,6 +197,15 @@ impl Program {
     }
 }
 
+/// Machine code of one kernel, as a backend emits it: position-independent instructions
+/// followed by the constants they address (tail masks), the entry point at offset 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineCode {
+    pub bytes: Vec<u8>,
+    /// Bytes of instructions; the rest are constants.
+    pub code_len: usize,
+}
+
 /// Dynamic operation counts per matrix (see [`Program::op_counts`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpCounts {

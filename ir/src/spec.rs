@@ -7,6 +7,8 @@ use thiserror::Error;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
+    /// IEEE half precision: GPU kernels only (tensor cores); CPU targets reject it.
+    F16,
     F32,
     F64,
 }
@@ -15,6 +17,7 @@ impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
+            Dtype::F16 => 2,
             Dtype::F32 => 4,
             Dtype::F64 => 8,
         }
@@ -23,6 +26,7 @@ impl Dtype {
     /// Unit roundoff (half the machine epsilon).
     pub fn unit_roundoff(self) -> f64 {
         match self {
+            Dtype::F16 => 1.0 / 2048.0,
             Dtype::F32 => f32::EPSILON as f64 / 2.0,
             Dtype::F64 => f64::EPSILON / 2.0,
         }
@@ -30,6 +34,7 @@ impl Dtype {
 
     pub fn name(self) -> &'static str {
         match self {
+            Dtype::F16 => "f16",
             Dtype::F32 => "f32",
             Dtype::F64 => "f64",
         }
@@ -518,6 +523,7 @@ impl GemmSpec {
         format!(
             "{}gemm_{}{}{}_m{}n{}k{}_ld{}x{}x{}_a{}_b{}_s{}x{}x{}",
             match self.dtype {
+                Dtype::F16 => 'h',
                 Dtype::F32 => 's',
                 Dtype::F64 => 'd',
             },

@@ -65,6 +65,11 @@ impl Target {
         Target { isa }
     }
 
+    /// Whether kernels of this element type can be generated for this target.
+    pub fn supports(self, dtype: Dtype) -> bool {
+        dtype != Dtype::F16
+    }
+
     /// Bytes in one vector register.
     pub fn vector_bytes(self) -> usize {
         match self.isa {

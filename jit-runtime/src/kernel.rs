@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use smallgemm_codegen_x86::MachineCode;
-use smallgemm_ir::{compile_program, Element, GemmSpec, Operand, Param, Program, Schedule, Target};
+use smallgemm_ir::{
+    compile_program, Element, GemmSpec, Isa, MachineCode, Operand, Param, Program, Schedule, Target,
+};
 
 use crate::exec::ExecutableCode;
 use crate::Error;
@@ -24,12 +25,21 @@ pub fn generate(
     schedule: Option<&Schedule>,
 ) -> Result<Generated, Error> {
     let (schedule, program) = compile_program(spec, target, schedule)?;
-    let code = smallgemm_codegen_x86::emit(&program, target.isa)?;
+    let code = match target.isa {
+        Isa::Avx2 | Isa::Avx512 => smallgemm_codegen_x86::emit(&program, target.isa)?,
+    };
     Ok(Generated {
         schedule,
         program,
         code,
     })
+}
+
+/// The listing of machine code for `isa`: offsets, bytes and assembly, then constants.
+pub fn listing(isa: Isa, code: &MachineCode) -> String {
+    match isa {
+        Isa::Avx2 | Isa::Avx512 => smallgemm_codegen_x86::listing(code),
+    }
 }
 
 /// A compiled kernel for one spec on one target: call it with [`Kernel::run`] on slices or
@@ -82,7 +92,7 @@ impl Kernel {
     }
     /// Intel-syntax listing of the machine code.
     pub fn listing(&self) -> String {
-        smallgemm_codegen_x86::listing(&self.code)
+        listing(self.target.isa, &self.code)
     }
     /// Time from spec to callable code (plan, lower, encode, map).
     pub fn compile_time(&self) -> Duration {

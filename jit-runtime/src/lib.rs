@@ -35,11 +35,11 @@ use std::sync::{Arc, OnceLock};
 
 pub use cpu::{detect, supported_isas};
 pub use error::Error;
+pub use kernel::listing;
 pub use kernel::{generate, Generated, Kernel};
-pub use smallgemm_codegen_x86::{disassemble, listing, MachineCode};
 pub use smallgemm_ir::{
-    Dtype, Element, GemmSpec, GemmSpecBuilder, Isa, Layout, Operand, Scalar, Schedule, SpecError,
-    Target, Trans,
+    Dtype, Element, GemmSpec, GemmSpecBuilder, Isa, Layout, MachineCode, Operand, Scalar, Schedule,
+    SpecError, Target, Trans,
 };
 
 /// The JIT for one target: compiles kernels on first use and caches them, thread-safe.

@@ -84,6 +84,7 @@ fn squares(isa: Isa, dtype: Dtype) {
                     match dtype {
                         Dtype::F64 => common::check_spec::<f64>(&jit, &spec, batch, seed as u64),
                         Dtype::F32 => common::check_spec::<f32>(&jit, &spec, batch, seed as u64),
+                        Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
                     }
                 }
             }
@@ -148,6 +149,7 @@ fn rectangular(isa: Isa, dtype: Dtype) {
             match dtype {
                 Dtype::F64 => common::check_spec::<f64>(&jit, &spec, batch, seed),
                 Dtype::F32 => common::check_spec::<f32>(&jit, &spec, batch, seed),
+                Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
             }
         }
     }

@@ -8,7 +8,7 @@ use smallgemm_snapshots::fixed_specs;
 fn check(isa: Isa) {
     for (name, spec) in fixed_specs() {
         let generated = generate(&spec, Target::new(isa), None).unwrap();
-        let text = listing(&generated.code);
+        let text = listing(isa, &generated.code);
         assert!(!text.contains("call"), "{name}: kernels make no calls");
         let header = format!(
             "{}\nschedule: {:?}\nparams: {:?}\n\n",
@@ -36,10 +36,16 @@ fn avx512_has_zmm_fmas_and_opmasks_on_tails() {
         .into_iter()
         .find(|(n, _)| *n == "d_13x3x5_tails_runtime")
         .unwrap();
-    let text = listing(&generate(&spec, Target::AVX512, None).unwrap().code);
+    let text = listing(
+        Isa::Avx512,
+        &generate(&spec, Target::AVX512, None).unwrap().code,
+    );
     assert!(text.contains("vfmadd231pd zmm"), "{text}");
     assert!(text.contains("{k1}"), "{text}");
-    let text = listing(&generate(&spec, Target::AVX2, None).unwrap().code);
+    let text = listing(
+        Isa::Avx2,
+        &generate(&spec, Target::AVX2, None).unwrap().code,
+    );
     assert!(text.contains("vfmadd231pd ymm"), "{text}");
     assert!(text.contains("vmaskmovpd"), "{text}");
 }
