@@ -13,6 +13,7 @@
 //! - [`reference`]: the higher-precision reference GEMM and the checking harness.
 
 mod element;
+pub mod gpu;
 mod interp;
 mod lower;
 mod plan;
@@ -23,6 +24,10 @@ mod spec;
 mod target;
 
 pub use element::Element;
+pub use gpu::{
+    plan_gpu, Accumulate, GpuResources, GpuSchedule, GpuScheduleError, GpuTarget, MmaShape,
+    SharedLayout, Sm,
+};
 pub use interp::{interpret, InterpError};
 pub use lower::{lower, LowerError};
 pub use plan::{choose_unrolling, estimated_cycles, estimated_ops, plan, UNROLL_BUDGET};

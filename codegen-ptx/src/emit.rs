@@ -1,0 +1,1064 @@
+//! PTX text for one kernel. Registers are virtual (ptxas allocates); every loop is unrolled
+//! at generation time so that all addressing inside the loops is immediate offsets.
+
+use std::fmt::Write;
+
+use smallgemm_ir::{
+    Accumulate, ColMajorProblem, Dtype, GpuSchedule, Scalar, SharedLayout, Sm, Trans,
+};
+
+use crate::{ptx_version, BatchKind, ExtraParam};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Pred,
+    B16,
+    B32,
+    B64,
+    F32,
+    F64,
+}
+
+const KINDS: [(Kind, &str, &str); 6] = [
+    (Kind::Pred, ".pred", "%p"),
+    (Kind::B16, ".b16", "%h"),
+    (Kind::B32, ".b32", "%r"),
+    (Kind::B64, ".b64", "%rd"),
+    (Kind::F32, ".f32", "%f"),
+    (Kind::F64, ".f64", "%fd"),
+];
+
+/// The body under construction and its register counters.
+struct Asm {
+    body: String,
+    counts: [usize; 6],
+    labels: usize,
+}
+
+impl Asm {
+    fn new() -> Asm {
+        Asm {
+            body: String::new(),
+            counts: [0; 6],
+            labels: 0,
+        }
+    }
+
+    fn reg(&mut self, kind: Kind) -> String {
+        let i = KINDS.iter().position(|(k, _, _)| *k == kind).unwrap_or(0);
+        let n = self.counts[i];
+        self.counts[i] += 1;
+        format!("{}{}", KINDS[i].2, n)
+    }
+
+    fn op(&mut self, text: impl AsRef<str>) {
+        self.body.push('\t');
+        self.body.push_str(text.as_ref());
+        self.body.push_str(";\n");
+    }
+
+    fn label(&mut self) -> String {
+        self.labels += 1;
+        format!("$L{}", self.labels)
+    }
+
+    fn place(&mut self, label: &str) {
+        let _ = writeln!(self.body, "{label}:");
+    }
+
+    fn comment(&mut self, text: &str) {
+        let _ = writeln!(self.body, "\t// {text}");
+    }
+
+    fn declarations(&self) -> String {
+        let mut out = String::new();
+        for (i, (_, ty, prefix)) in KINDS.iter().enumerate() {
+            if self.counts[i] > 0 {
+                let _ = writeln!(out, "\t.reg {ty} {prefix}<{}>;", self.counts[i]);
+            }
+        }
+        out
+    }
+
+    /// A u32 register holding `value`.
+    fn imm32(&mut self, value: u64) -> String {
+        let r = self.reg(Kind::B32);
+        self.op(format!("mov.u32 {r}, {value}"));
+        r
+    }
+
+    /// `pred = a < b` (unsigned), b a register or an immediate.
+    fn lt(&mut self, a: &str, b: &str) -> String {
+        let p = self.reg(Kind::Pred);
+        self.op(format!("setp.lt.u32 {p}, {a}, {b}"));
+        p
+    }
+
+    /// `a && b` over optional predicates (None = true).
+    fn and(&mut self, a: Option<String>, b: Option<String>) -> Option<String> {
+        match (a, b) {
+            (None, x) | (x, None) => x,
+            (Some(a), Some(b)) => {
+                let p = self.reg(Kind::Pred);
+                self.op(format!("and.pred {p}, {a}, {b}"));
+                Some(p)
+            }
+        }
+    }
+}
+
+fn guard(p: &Option<String>) -> String {
+    match p {
+        Some(p) => format!("@{p} "),
+        None => String::new(),
+    }
+}
+
+/// An extent known at generation time, or per problem at run time (variable-size batches).
+#[derive(Clone)]
+struct Extent {
+    max: usize,
+    runtime: Option<String>,
+}
+
+/// Per-problem facts the loaders and epilogues read.
+struct ProblemRegs {
+    a: String,
+    b: String,
+    c: String,
+    m: Extent,
+    n: Extent,
+    k: Extent,
+    lda: Extent,
+    ldb: Extent,
+    ldc: Extent,
+}
+
+fn elt_kind(dtype: Dtype) -> (Kind, &'static str) {
+    match dtype {
+        Dtype::F64 => (Kind::F64, "f64"),
+        Dtype::F32 => (Kind::F32, "f32"),
+        Dtype::F16 => (Kind::B16, "b16"),
+    }
+}
+
+fn zero_literal(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::F64 => "0d0000000000000000",
+        Dtype::F32 => "0f00000000",
+        Dtype::F16 => "0x0000",
+    }
+}
+
+/// A constant as a PTX literal of the epilogue type (f64 or f32 bit pattern).
+fn literal(dtype: Dtype, value: f64) -> String {
+    match dtype {
+        Dtype::F64 => format!("0d{:016X}", value.to_bits()),
+        _ => format!("0f{:08X}", (value as f32).to_bits()),
+    }
+}
+
+/// Copies one operand of one problem from global to shared memory. The stored matrix is
+/// `lead x other` (lead contiguous in memory, leading dimension `ld`); the group's threads
+/// form a `tl x to` grid over it so that every address inside the unrolled loop is the
+/// thread's base plus an immediate. Elements of the padded extents (`lead_ext x
+/// other_ext`) outside the actual ones are written as zeros (tensor-core padding, and the
+/// unused part of variable-size problems).
+#[allow(clippy::too_many_arguments)]
+fn load_operand(
+    asm: &mut Asm,
+    dtype: Dtype,
+    lt: &str,
+    tpp: usize,
+    global: &str,
+    shared: &str,
+    lead: &Extent,
+    other: &Extent,
+    ld: &Extent,
+    lead_ext: usize,
+    other_ext: usize,
+    sl: usize,
+    so: usize,
+) {
+    let elt = dtype.size();
+    let (kind, ty) = elt_kind(dtype);
+    let tl = lead_ext.min(tpp);
+    let to = (tpp / tl).min(other_ext);
+    let l0 = asm.reg(Kind::B32);
+    let o0 = asm.reg(Kind::B32);
+    asm.op(format!("rem.u32 {l0}, {lt}, {tl}"));
+    asm.op(format!("div.u32 {o0}, {lt}, {tl}"));
+    // Threads beyond the grid take no part.
+    let active = if tl * to < tpp {
+        Some(asm.lt(lt, &(tl * to).to_string()))
+    } else {
+        None
+    };
+    // Thread bases: global + (l0 + o0 * ld) * elt, shared + (l0 * sl + o0 * so) * elt.
+    let off = asm.reg(Kind::B32);
+    match &ld.runtime {
+        Some(r) => asm.op(format!("mad.lo.u32 {off}, {o0}, {r}, {l0}")),
+        None => asm.op(format!("mad.lo.u32 {off}, {o0}, {}, {l0}", ld.max)),
+    }
+    let off64 = asm.reg(Kind::B64);
+    asm.op(format!("mul.wide.u32 {off64}, {off}, {elt}"));
+    let gbase = asm.reg(Kind::B64);
+    asm.op(format!("add.u64 {gbase}, {global}, {off64}"));
+    let sbase = asm.reg(Kind::B32);
+    asm.op(format!("mad.lo.u32 {sbase}, {l0}, {}, {shared}", sl * elt));
+    asm.op(format!("mad.lo.u32 {sbase}, {o0}, {}, {sbase}", so * elt));
+    // Per-thread row/column step of the runtime leading dimension (variable sizes).
+    let gstep = ld.runtime.as_ref().map(|r| {
+        let s = asm.reg(Kind::B64);
+        asm.op(format!("mul.wide.u32 {s}, {r}, {}", to * elt));
+        s
+    });
+    let zero = zero_literal(dtype);
+    let lcount = lead_ext.div_ceil(tl);
+    let ocount = other_ext.div_ceil(to);
+    // Predicates per lead step (constant over other steps).
+    let mut lpreds = Vec::new();
+    for li in 0..lcount {
+        let start = li * tl;
+        let mut p = active.clone();
+        if start + tl > lead_ext {
+            let q = asm.lt(&l0, &(lead_ext - start).to_string());
+            p = asm.and(p, Some(q));
+        }
+        // Data guard: inside the actual extent, else zero.
+        let data = match &lead.runtime {
+            Some(r) => {
+                let l = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {l}, {l0}, {start}"));
+                Some(asm.lt(&l, r))
+            }
+            None if start + tl > lead.max => {
+                if start >= lead.max {
+                    Some("0".to_string())
+                } else {
+                    Some(asm.lt(&l0, &(lead.max - start).to_string()))
+                }
+            }
+            None => None,
+        };
+        lpreds.push((p, data));
+    }
+    let mut grow = gbase.clone();
+    for oi in 0..ocount {
+        let start = oi * to;
+        let mut op = None;
+        if start + to > other_ext {
+            op = Some(asm.lt(&o0, &(other_ext - start).to_string()));
+        }
+        let odata = match &other.runtime {
+            Some(r) => {
+                let o = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {o}, {o0}, {start}"));
+                Some(asm.lt(&o, r))
+            }
+            None if start + to > other.max => {
+                if start >= other.max {
+                    Some("0".to_string())
+                } else {
+                    Some(asm.lt(&o0, &(other.max - start).to_string()))
+                }
+            }
+            None => None,
+        };
+        if oi > 0 {
+            if let Some(step) = &gstep {
+                let g = asm.reg(Kind::B64);
+                asm.op(format!("add.u64 {g}, {grow}, {step}"));
+                grow = g;
+            }
+        }
+        for (li, (lp, ldata)) in lpreds.clone().into_iter().enumerate() {
+            let store_p = asm.and(lp.clone(), op.clone());
+            let data = match (&ldata, &odata) {
+                (Some(a), _) | (_, Some(a)) if a == "0" => Some("0".to_string()),
+                _ => asm.and(ldata.clone(), odata.clone()),
+            };
+            let goff = match &gstep {
+                Some(_) => li * tl * elt,
+                None => (li * tl + oi * to * ld.max) * elt,
+            };
+            let soff = (li * tl * sl + oi * to * so) * elt;
+            let v = asm.reg(kind);
+            match data.as_deref() {
+                Some("0") => asm.op(format!("mov.{ty} {v}, {zero}")),
+                Some(_) | None => {
+                    let load_p = asm.and(store_p.clone(), data.clone());
+                    if data.is_some() {
+                        asm.op(format!("mov.{ty} {v}, {zero}"));
+                    }
+                    asm.op(format!(
+                        "{}ld.global.{ty} {v}, [{grow}+{goff}]",
+                        guard(&load_p)
+                    ));
+                }
+            }
+            asm.op(format!(
+                "{}st.shared.{ty} [{sbase}+{soff}], {v}",
+                guard(&store_p)
+            ));
+        }
+    }
+}
+
+/// Generates the complete PTX module text.
+pub(crate) fn kernel(
+    p: &ColMajorProblem,
+    sm: Sm,
+    kind: BatchKind,
+    s: &GpuSchedule,
+    entry: &str,
+    extra: &[ExtraParam],
+) -> String {
+    let mut asm = Asm::new();
+    let dtype = p.dtype;
+    let elt = dtype.size();
+    let sdt = crate::scalar_dtype(dtype);
+    let (skind, sty) = match sdt {
+        Dtype::F64 => (Kind::F64, "f64"),
+        _ => (Kind::F32, "f32"),
+    };
+    let layout = s.shared_layout(p);
+    let res = s.resources(p);
+    let tpp = res.threads_per_problem as usize;
+    let tba = s.tba as usize;
+
+    // Parameters.
+    let mut params = vec![
+        ".param .u64 param_a".to_string(),
+        ".param .u64 param_b".to_string(),
+        ".param .u64 param_c".to_string(),
+    ];
+    if extra.contains(&ExtraParam::Dims) {
+        params.push(".param .u64 param_dims".into());
+    }
+    params.push(".param .u32 param_batch".into());
+    if extra.contains(&ExtraParam::Alpha) {
+        params.push(format!(".param .{sty} param_alpha"));
+    }
+    if extra.contains(&ExtraParam::Beta) {
+        params.push(format!(".param .{sty} param_beta"));
+    }
+
+    asm.comment(&format!(
+        "{} {}x{}x{} trans {:?}{:?} alpha {} beta {} schedule {:?}",
+        dtype.name(),
+        p.m,
+        p.n,
+        p.k,
+        p.trans_a,
+        p.trans_b,
+        p.alpha,
+        p.beta,
+        s
+    ));
+    let ptr = |asm: &mut Asm, name: &str| {
+        let raw = asm.reg(Kind::B64);
+        asm.op(format!("ld.param.u64 {raw}, [{name}]"));
+        let g = asm.reg(Kind::B64);
+        asm.op(format!("cvta.to.global.u64 {g}, {raw}"));
+        g
+    };
+    let (pa, pb) = if p.swap_operands {
+        ("param_b", "param_a")
+    } else {
+        ("param_a", "param_b")
+    };
+    let ga = ptr(&mut asm, pa);
+    let gb = ptr(&mut asm, pb);
+    let gc = ptr(&mut asm, "param_c");
+    let gdims = extra
+        .contains(&ExtraParam::Dims)
+        .then(|| ptr(&mut asm, "param_dims"));
+    let batch = asm.reg(Kind::B32);
+    asm.op(format!("ld.param.u32 {batch}, [param_batch]"));
+    let alpha = extra.contains(&ExtraParam::Alpha).then(|| {
+        let r = asm.reg(skind);
+        asm.op(format!("ld.param.{sty} {r}, [param_alpha]"));
+        r
+    });
+    let beta = extra.contains(&ExtraParam::Beta).then(|| {
+        let r = asm.reg(skind);
+        asm.op(format!("ld.param.{sty} {r}, [param_beta]"));
+        r
+    });
+
+    let tid = asm.reg(Kind::B32);
+    asm.op(format!("mov.u32 {tid}, %tid.x"));
+    let bid = asm.reg(Kind::B32);
+    asm.op(format!("mov.u32 {bid}, %ctaid.x"));
+    let (g, lt) = if tba > 1 {
+        let g = asm.reg(Kind::B32);
+        let lt = asm.reg(Kind::B32);
+        asm.op(format!("div.u32 {g}, {tid}, {tpp}"));
+        asm.op(format!("rem.u32 {lt}, {tid}, {tpp}"));
+        (g, lt)
+    } else {
+        (asm.imm32(0), tid.clone())
+    };
+    let pi = asm.reg(Kind::B32);
+    asm.op(format!("mad.lo.u32 {pi}, {bid}, {tba}, {g}"));
+    let out = asm.reg(Kind::Pred);
+    asm.op(format!("setp.ge.u32 {out}, {pi}, {batch}"));
+    let sbase = asm.reg(Kind::B32);
+    asm.op(format!("mov.u32 {sbase}, smem"));
+    let sa = asm.reg(Kind::B32);
+    asm.op(format!(
+        "mad.lo.u32 {sa}, {g}, {}, {sbase}",
+        (layout.a_len + layout.b_len) * elt
+    ));
+    let sb = asm.reg(Kind::B32);
+    asm.op(format!("add.u32 {sb}, {sa}, {}", layout.a_len * elt));
+
+    let skip_load = asm.label();
+    asm.op(format!("@{out} bra.uni {skip_load}"));
+    // Problem pointers (and sizes, for variable-size batches).
+    let problem = problem_regs(&mut asm, p, kind, &ga, &gb, &gc, gdims.as_deref(), &pi);
+    asm.comment("stage A and B in shared memory");
+    let (mext, kext, next) = match s.mma {
+        Some(shape) => (
+            p.m.next_multiple_of(shape.m as usize),
+            p.k.next_multiple_of(shape.k as usize),
+            p.n.next_multiple_of(shape.n as usize),
+        ),
+        None => (p.m, p.k, p.n),
+    };
+    // A: op(A)[i, p] at i * a_row + p * a_col; stored lead is i (N) or p (T).
+    let (lead, other, lext, oext, sl, so) = match p.trans_a {
+        Trans::N => (
+            &problem.m,
+            &problem.k,
+            mext,
+            kext,
+            layout.a_row,
+            layout.a_col,
+        ),
+        Trans::T => (
+            &problem.k,
+            &problem.m,
+            kext,
+            mext,
+            layout.a_col,
+            layout.a_row,
+        ),
+    };
+    load_operand(
+        &mut asm,
+        dtype,
+        &lt,
+        tpp,
+        &problem.a,
+        &sa,
+        lead,
+        other,
+        &problem.lda,
+        lext,
+        oext,
+        sl,
+        so,
+    );
+    let (lead, other, lext, oext, sl, so) = match p.trans_b {
+        Trans::N => (
+            &problem.k,
+            &problem.n,
+            kext,
+            next,
+            layout.b_row,
+            layout.b_col,
+        ),
+        Trans::T => (
+            &problem.n,
+            &problem.k,
+            next,
+            kext,
+            layout.b_col,
+            layout.b_row,
+        ),
+    };
+    load_operand(
+        &mut asm,
+        dtype,
+        &lt,
+        tpp,
+        &problem.b,
+        &sb,
+        lead,
+        other,
+        &problem.ldb,
+        lext,
+        oext,
+        sl,
+        so,
+    );
+    asm.place(&skip_load);
+    asm.op("bar.sync 0");
+    let exit = asm.label();
+    // Groups past the end of the batch leave now that the block's barrier is behind them.
+    asm.op(format!("@{out} bra.uni {exit}"));
+
+    let epi = Epilogue {
+        dtype,
+        sdt,
+        skind,
+        sty,
+        alpha: p.alpha,
+        beta: p.beta,
+        alpha_reg: alpha,
+        beta_reg: beta,
+    };
+    match s.mma {
+        None => fma_body(
+            &mut asm, p, s, &layout, &lt, &sa, &sb, &problem, &epi, &exit,
+        ),
+        Some(_) => mma_body(&mut asm, p, s, &layout, &lt, &sa, &sb, &problem, &epi),
+    }
+    asm.place(&exit);
+    asm.op("ret");
+
+    let (major, minor) = ptx_version(sm);
+    let mut out = String::new();
+    let _ = writeln!(out, "//\n// Generated by smallgemm-codegen-ptx\n//");
+    let _ = writeln!(out, ".version {major}.{minor}");
+    let _ = writeln!(out, ".target {}", sm.name());
+    let _ = writeln!(out, ".address_size 64\n");
+    let _ = writeln!(out, ".extern .shared .align 16 .b8 smem[];\n");
+    let _ = writeln!(out, ".visible .entry {entry}(");
+    let _ = writeln!(out, "\t{}\n)", params.join(",\n\t"));
+    let _ = writeln!(out, ".maxntid {}, 1, 1\n{{", res.threads_per_block);
+    out.push_str(&asm.declarations());
+    out.push('\n');
+    out.push_str(&asm.body);
+    out.push_str("}\n");
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn problem_regs(
+    asm: &mut Asm,
+    p: &ColMajorProblem,
+    kind: BatchKind,
+    ga: &str,
+    gb: &str,
+    gc: &str,
+    gdims: Option<&str>,
+    pi: &str,
+) -> ProblemRegs {
+    let fixed = |v: usize| Extent {
+        max: v,
+        runtime: None,
+    };
+    let elt = p.dtype.size();
+    match kind {
+        BatchKind::Strided => {
+            let mut at = |base: &str, stride: usize| {
+                let off = asm.reg(Kind::B64);
+                asm.op(format!("mul.wide.u32 {off}, {pi}, {}", stride * elt));
+                let r = asm.reg(Kind::B64);
+                asm.op(format!("add.u64 {r}, {base}, {off}"));
+                r
+            };
+            ProblemRegs {
+                a: at(ga, p.stride_a),
+                b: at(gb, p.stride_b),
+                c: at(gc, p.stride_c),
+                m: fixed(p.m),
+                n: fixed(p.n),
+                k: fixed(p.k),
+                lda: fixed(p.lda),
+                ldb: fixed(p.ldb),
+                ldc: fixed(p.ldc),
+            }
+        }
+        BatchKind::PointerArray | BatchKind::VariableSize => {
+            let off = asm.reg(Kind::B64);
+            asm.op(format!("mul.wide.u32 {off}, {pi}, 8"));
+            let mut at = |base: &str| {
+                let slot = asm.reg(Kind::B64);
+                asm.op(format!("add.u64 {slot}, {base}, {off}"));
+                let raw = asm.reg(Kind::B64);
+                asm.op(format!("ld.global.nc.u64 {raw}, [{slot}]"));
+                let r = asm.reg(Kind::B64);
+                asm.op(format!("cvta.to.global.u64 {r}, {raw}"));
+                r
+            };
+            let (a, b, c) = (at(ga), at(gb), at(gc));
+            let mut regs = ProblemRegs {
+                a,
+                b,
+                c,
+                m: fixed(p.m),
+                n: fixed(p.n),
+                k: fixed(p.k),
+                lda: fixed(p.lda),
+                ldb: fixed(p.ldb),
+                ldc: fixed(p.ldc),
+            };
+            if let Some(dims) = gdims {
+                let off = asm.reg(Kind::B64);
+                asm.op(format!("mul.wide.u32 {off}, {pi}, 24"));
+                let base = asm.reg(Kind::B64);
+                asm.op(format!("add.u64 {base}, {dims}, {off}"));
+                let mut field = |i: usize| {
+                    let r = asm.reg(Kind::B32);
+                    asm.op(format!("ld.global.nc.u32 {r}, [{base}+{}]", 4 * i));
+                    r
+                };
+                // The caller's (m, n, k, lda, ldb, ldc); row-major problems swap A and B.
+                let (um, un, uk, ulda, uldb, uldc) =
+                    (field(0), field(1), field(2), field(3), field(4), field(5));
+                let (km, kn, klda, kldb) = if p.swap_operands {
+                    (un, um, uldb, ulda)
+                } else {
+                    (um, un, ulda, uldb)
+                };
+                let rt = |max: usize, r: String| Extent {
+                    max,
+                    runtime: Some(r),
+                };
+                regs.m = rt(p.m, km);
+                regs.n = rt(p.n, kn);
+                regs.k = rt(p.k, uk);
+                regs.lda = rt(p.lda, klda);
+                regs.ldb = rt(p.ldb, kldb);
+                regs.ldc = rt(p.ldc, uldc);
+            }
+            regs
+        }
+    }
+}
+
+/// How accumulators become C: alpha, beta and the conversions.
+struct Epilogue {
+    dtype: Dtype,
+    sdt: Dtype,
+    skind: Kind,
+    sty: &'static str,
+    alpha: Scalar,
+    beta: Scalar,
+    alpha_reg: Option<String>,
+    beta_reg: Option<String>,
+}
+
+impl Epilogue {
+    /// C[addr] = alpha * v + beta * C[addr], with `v` in the epilogue type; `pred` guards.
+    fn store(&self, asm: &mut Asm, v: &str, addr: &str, pred: &Option<String>) {
+        let sty = self.sty;
+        let scaled = match self.alpha {
+            Scalar::One => v.to_string(),
+            Scalar::MinusOne => {
+                let r = asm.reg(self.skind);
+                asm.op(format!("neg.{sty} {r}, {v}"));
+                r
+            }
+            Scalar::Zero => {
+                let r = asm.reg(self.skind);
+                asm.op(format!("mov.{sty} {r}, {}", literal(self.sdt, 0.0)));
+                r
+            }
+            Scalar::Runtime | Scalar::Fixed(_) => {
+                let a = match &self.alpha_reg {
+                    Some(r) => r.clone(),
+                    None => literal(self.sdt, self.alpha.value().unwrap_or(1.0)),
+                };
+                let r = asm.reg(self.skind);
+                asm.op(format!("mul.rn.{sty} {r}, {v}, {a}"));
+                r
+            }
+        };
+        let result = if self.beta == Scalar::Zero {
+            scaled
+        } else {
+            let old = self.load(asm, addr, pred);
+            let r = asm.reg(self.skind);
+            match self.beta {
+                Scalar::One => asm.op(format!("add.rn.{sty} {r}, {scaled}, {old}")),
+                Scalar::MinusOne => asm.op(format!("sub.rn.{sty} {r}, {scaled}, {old}")),
+                _ => {
+                    let b = match &self.beta_reg {
+                        Some(reg) => reg.clone(),
+                        None => literal(self.sdt, self.beta.value().unwrap_or(0.0)),
+                    };
+                    asm.op(format!("fma.rn.{sty} {r}, {b}, {old}, {scaled}"));
+                }
+            }
+            r
+        };
+        match self.dtype {
+            Dtype::F16 => {
+                let h = asm.reg(Kind::B16);
+                asm.op(format!("cvt.rn.f16.f32 {h}, {result}"));
+                asm.op(format!("{}st.global.b16 [{addr}], {h}", guard(pred)));
+            }
+            _ => asm.op(format!("{}st.global.{sty} [{addr}], {result}", guard(pred))),
+        }
+    }
+
+    fn load(&self, asm: &mut Asm, addr: &str, pred: &Option<String>) -> String {
+        match self.dtype {
+            Dtype::F16 => {
+                let h = asm.reg(Kind::B16);
+                asm.op(format!("mov.b16 {h}, 0x0000"));
+                asm.op(format!("{}ld.global.b16 {h}, [{addr}]", guard(pred)));
+                let r = asm.reg(Kind::F32);
+                asm.op(format!("cvt.f32.f16 {r}, {h}"));
+                r
+            }
+            _ => {
+                let r = asm.reg(self.skind);
+                asm.op(format!("mov.{} {r}, {}", self.sty, literal(self.sdt, 0.0)));
+                asm.op(format!(
+                    "{}ld.global.{} {r}, [{addr}]",
+                    guard(pred),
+                    self.sty
+                ));
+                r
+            }
+        }
+    }
+}
+
+/// FMA kernels: thread (tx, ty) of its problem owns rows tx + a * TM and columns
+/// ty + b * TN of C (a < rm, b < rn), so a warp reads consecutive rows of A (no bank
+/// conflict) and a broadcast or odd-strided element of B.
+#[allow(clippy::too_many_arguments)]
+fn fma_body(
+    asm: &mut Asm,
+    p: &ColMajorProblem,
+    s: &GpuSchedule,
+    layout: &SharedLayout,
+    lt: &str,
+    sa: &str,
+    sb: &str,
+    problem: &ProblemRegs,
+    epi: &Epilogue,
+    exit: &str,
+) {
+    let dtype = p.dtype;
+    let elt = dtype.size();
+    let (rm, rn) = (s.rm as usize, s.rn as usize);
+    let tm = p.m.div_ceil(rm);
+    let tn = p.n.div_ceil(rn);
+    let tx = asm.reg(Kind::B32);
+    let ty = asm.reg(Kind::B32);
+    asm.op(format!("rem.u32 {tx}, {lt}, {tm}"));
+    asm.op(format!("div.u32 {ty}, {lt}, {tm}"));
+    if let (Some(m), Some(n)) = (&problem.m.runtime, &problem.n.runtime) {
+        // ETM: a thread whose first row or column is outside its problem has nothing to do.
+        let pm = asm.reg(Kind::Pred);
+        asm.op(format!("setp.ge.u32 {pm}, {tx}, {m}"));
+        asm.op(format!("@{pm} bra.uni {exit}"));
+        let pn = asm.reg(Kind::Pred);
+        asm.op(format!("setp.ge.u32 {pn}, {ty}, {n}"));
+        asm.op(format!("@{pn} bra.uni {exit}"));
+    }
+    let abase = asm.reg(Kind::B32);
+    asm.op(format!(
+        "mad.lo.u32 {abase}, {tx}, {}, {sa}",
+        layout.a_row * elt
+    ));
+    let bbase = asm.reg(Kind::B32);
+    asm.op(format!(
+        "mad.lo.u32 {bbase}, {ty}, {}, {sb}",
+        layout.b_col * elt
+    ));
+
+    // Accumulator type and how a shared element becomes an operand.
+    let (ld_ty, ld_kind) = match dtype {
+        Dtype::F64 => ("f64", Kind::F64),
+        Dtype::F32 => ("f32", Kind::F32),
+        Dtype::F16 => ("b16", Kind::B16),
+    };
+    let (acc_kind, acc_ty) = match (dtype, s.accumulate) {
+        (Dtype::F64, _) => (Kind::F64, "f64"),
+        (Dtype::F16, Accumulate::Native) => (Kind::B16, "f16"),
+        _ => (Kind::F32, "f32"),
+    };
+    let widen = dtype == Dtype::F16 && acc_kind == Kind::F32;
+    asm.comment(&format!(
+        "C tile {rm}x{rn} per thread, k = {} unrolled",
+        p.k
+    ));
+    let mut acc: Vec<Vec<String>> = (0..rm)
+        .map(|_| (0..rn).map(|_| asm.reg(acc_kind)).collect())
+        .collect();
+    let fetch = |asm: &mut Asm, base: &str, off: usize| {
+        let v = asm.reg(ld_kind);
+        asm.op(format!("ld.shared.{ld_ty} {v}, [{base}+{}]", off * elt));
+        if widen {
+            let w = asm.reg(Kind::F32);
+            asm.op(format!("cvt.f32.f16 {w}, {v}"));
+            w
+        } else {
+            v
+        }
+    };
+    for k in 0..p.k {
+        let av: Vec<String> = (0..rm)
+            .map(|a| fetch(asm, &abase, a * tm * layout.a_row + k * layout.a_col))
+            .collect();
+        let bv: Vec<String> = (0..rn)
+            .map(|b| fetch(asm, &bbase, k * layout.b_row + b * tn * layout.b_col))
+            .collect();
+        for a in 0..rm {
+            for b in 0..rn {
+                let (x, y) = (&av[a], &bv[b]);
+                let d = &acc[a][b];
+                if k == 0 {
+                    asm.op(format!("mul.rn.{acc_ty} {d}, {x}, {y}"));
+                } else {
+                    asm.op(format!("fma.rn.{acc_ty} {d}, {x}, {y}, {d}"));
+                }
+            }
+        }
+    }
+    if acc_kind == Kind::B16 {
+        // f16 accumulators: the epilogue runs in f32 and rounds once.
+        for row in acc.iter_mut() {
+            for v in row.iter_mut() {
+                let w = asm.reg(Kind::F32);
+                asm.op(format!("cvt.f32.f16 {w}, {v}"));
+                *v = w;
+            }
+        }
+    }
+
+    asm.comment("epilogue");
+    let elt64 = elt as u64;
+    // Row and column guards: needed when the tile grid overhangs C or sizes vary.
+    let row_pred = |asm: &mut Asm, a: usize| -> Option<String> {
+        match &problem.m.runtime {
+            Some(m) => {
+                let r = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {r}, {tx}, {}", a * tm));
+                Some(asm.lt(&r, m))
+            }
+            None if p.m % rm != 0 && (a + 1) * tm > p.m && a * tm < p.m => {
+                Some(asm.lt(&tx, &(p.m - a * tm).to_string()))
+            }
+            None => None,
+        }
+    };
+    let col_pred = |asm: &mut Asm, b: usize| -> Option<String> {
+        match &problem.n.runtime {
+            Some(n) => {
+                let r = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {r}, {ty}, {}", b * tn));
+                Some(asm.lt(&r, n))
+            }
+            None if p.n % rn != 0 && (b + 1) * tn > p.n && b * tn < p.n => {
+                Some(asm.lt(&ty, &(p.n - b * tn).to_string()))
+            }
+            None => None,
+        }
+    };
+    let rows: Vec<Option<String>> = (0..rm).map(|a| row_pred(asm, a)).collect();
+    let cols: Vec<Option<String>> = (0..rn).map(|b| col_pred(asm, b)).collect();
+    // Thread base address in C: c + (tx + ty * ldc) * elt.
+    let ldc = match &problem.ldc.runtime {
+        Some(r) => r.clone(),
+        None => problem.ldc.max.to_string(),
+    };
+    let off = asm.reg(Kind::B32);
+    asm.op(format!("mad.lo.u32 {off}, {ty}, {ldc}, {tx}"));
+    let off64 = asm.reg(Kind::B64);
+    asm.op(format!("mul.wide.u32 {off64}, {off}, {elt64}"));
+    let cbase = asm.reg(Kind::B64);
+    asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
+    let col_step = problem.ldc.runtime.as_ref().map(|r| {
+        let st = asm.reg(Kind::B64);
+        asm.op(format!("mul.wide.u32 {st}, {r}, {}", tn * elt));
+        st
+    });
+    for b in 0..rn {
+        // Column b's base: an immediate offset, or a run-time step per column block.
+        let colbase = match &col_step {
+            Some(step) if b > 0 => {
+                let r = asm.reg(Kind::B64);
+                let prev = asm.reg(Kind::B64);
+                asm.op(format!("mul.lo.u64 {prev}, {step}, {b}"));
+                asm.op(format!("add.u64 {r}, {cbase}, {prev}"));
+                r
+            }
+            _ => cbase.clone(),
+        };
+        for a in 0..rm {
+            // Tiles wholly outside C (rm or rn larger than the side) store nothing.
+            if a * tm >= p.m || b * tn >= p.n {
+                continue;
+            }
+            let pred = asm.and(rows[a].clone(), cols[b].clone());
+            let imm = match &col_step {
+                Some(_) => a * tm * elt,
+                None => (a * tm + b * tn * p.ldc) * elt,
+            };
+            let addr = format!("{colbase}+{imm}");
+            epi.store(asm, &acc[a][b], &addr, &pred);
+        }
+    }
+}
+
+/// Tensor-core kernels: `warps` warps per problem; warp w takes 16x8 tiles of C in turn
+/// and runs `mma.sync.m16n8k16` over the k padded to 16 (the padding is zeros in shared
+/// memory). When the warp count is a multiple of the row tiles, a warp keeps one row of
+/// tiles and loads its A fragments once.
+#[allow(clippy::too_many_arguments)]
+fn mma_body(
+    asm: &mut Asm,
+    p: &ColMajorProblem,
+    s: &GpuSchedule,
+    layout: &SharedLayout,
+    lt: &str,
+    sa: &str,
+    sb: &str,
+    problem: &ProblemRegs,
+    epi: &Epilogue,
+) {
+    let shape = s.mma.unwrap_or(smallgemm_ir::MmaShape::M16N8K16);
+    let w = s.warps as usize;
+    let mt = p.m.div_ceil(shape.m as usize);
+    let nt = p.n.div_ceil(shape.n as usize);
+    let ks = p.k.div_ceil(shape.k as usize);
+    let tiles = mt * nt;
+    let reuse = w % mt == 0;
+    let q_count = tiles.div_ceil(w);
+    let warp = asm.reg(Kind::B32);
+    asm.op(format!("shr.u32 {warp}, {lt}, 5"));
+    let lane = asm.reg(Kind::B32);
+    asm.op(format!("and.b32 {lane}, {lt}, 31"));
+    let gid = asm.reg(Kind::B32);
+    asm.op(format!("shr.u32 {gid}, {lane}, 2"));
+    let tig = asm.reg(Kind::B32);
+    asm.op(format!("and.b32 {tig}, {lane}, 3"));
+    let ld = layout.a_row; // halves between rows of A (= columns of B)
+                           // Lane offset inside a fragment: (gid * ld + tig * 2) halves.
+    let lane_off = asm.reg(Kind::B32);
+    asm.op(format!("shl.b32 {lane_off}, {tig}, 1"));
+    asm.op(format!("mad.lo.u32 {lane_off}, {gid}, {ld}, {lane_off}"));
+    asm.op(format!("shl.b32 {lane_off}, {lane_off}, 1"));
+    let row8 = 8 * ld * 2;
+    let load_a = |asm: &mut Asm, abase: &str, k: usize| -> [String; 4] {
+        let offs = [0, row8, 16, row8 + 16];
+        offs.map(|o| {
+            let r = asm.reg(Kind::B32);
+            asm.op(format!("ld.shared.b32 {r}, [{abase}+{}]", k * 32 + o));
+            r
+        })
+    };
+    let tile_base = |asm: &mut Asm, base: &str, t: &str, rows: usize| -> String {
+        let r = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {r}, {t}, {}, {base}", rows * ld * 2));
+        asm.op(format!("add.u32 {r}, {r}, {lane_off}"));
+        r
+    };
+    let mut fixed_a: Option<(String, Vec<[String; 4]>)> = None;
+    if reuse {
+        let tmr = asm.reg(Kind::B32);
+        asm.op(format!("rem.u32 {tmr}, {warp}, {mt}"));
+        let abase = tile_base(asm, sa, &tmr, 16);
+        let frags = (0..ks).map(|k| load_a(asm, &abase, k)).collect();
+        fixed_a = Some((tmr, frags));
+    }
+    let ldc = problem.ldc.max;
+    for q in 0..q_count {
+        asm.comment(&format!("tile {q} of this warp"));
+        let skip = asm.label();
+        let (tmr, tnr, valid) = if reuse {
+            // Row tile w % mt, column tiles w / mt + q * (w / mt).
+            let step = w / mt;
+            let tnr = asm.reg(Kind::B32);
+            asm.op(format!("div.u32 {tnr}, {warp}, {mt}"));
+            if q > 0 {
+                asm.op(format!("add.u32 {tnr}, {tnr}, {}", q * step));
+            }
+            let valid = ((q + 1) * step > nt).then(|| asm.lt(&tnr, &nt.to_string()));
+            let tmr = fixed_a.as_ref().map(|f| f.0.clone()).unwrap_or_default();
+            (tmr, tnr, valid)
+        } else {
+            let t = asm.reg(Kind::B32);
+            asm.op(format!("add.u32 {t}, {warp}, {}", q * w));
+            let valid = ((q + 1) * w > tiles).then(|| asm.lt(&t, &tiles.to_string()));
+            let tmr = asm.reg(Kind::B32);
+            let tnr = asm.reg(Kind::B32);
+            asm.op(format!("rem.u32 {tmr}, {t}, {mt}"));
+            asm.op(format!("div.u32 {tnr}, {t}, {mt}"));
+            (tmr, tnr, valid)
+        };
+        if let Some(v) = &valid {
+            // Warp-uniform: every lane of the warp has the same tile.
+            asm.op(format!("@!{v} bra.uni {skip}"));
+        }
+        let bbase = tile_base(asm, sb, &tnr, 8);
+        let abase = if reuse {
+            None
+        } else {
+            Some(tile_base(asm, sa, &tmr, 16))
+        };
+        let acc: [String; 4] = std::array::from_fn(|_| asm.reg(Kind::F32));
+        for r in &acc {
+            asm.op(format!("mov.f32 {r}, 0f00000000"));
+        }
+        for k in 0..ks {
+            let a = match (&abase, &fixed_a) {
+                (Some(base), _) => load_a(asm, base, k),
+                (None, Some((_, frags))) => frags[k].clone(),
+                (None, None) => load_a(asm, sa, k),
+            };
+            let b0 = asm.reg(Kind::B32);
+            let b1 = asm.reg(Kind::B32);
+            asm.op(format!("ld.shared.b32 {b0}, [{bbase}+{}]", k * 32));
+            asm.op(format!("ld.shared.b32 {b1}, [{bbase}+{}]", k * 32 + 16));
+            let d = acc.join(", ");
+            asm.op(format!(
+                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{d}}}, {{{}}}, {{{b0}, {b1}}}, {{{d}}}",
+                a.join(", ")
+            ));
+        }
+        // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down.
+        let row = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {row}, {tmr}, 16, {gid}"));
+        let col = asm.reg(Kind::B32);
+        asm.op(format!("shl.b32 {col}, {tig}, 1"));
+        asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
+        let off = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
+        let off64 = asm.reg(Kind::B64);
+        asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
+        let cbase = asm.reg(Kind::B64);
+        asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
+        let need_rows = p.m % 16 != 0;
+        let need_cols = p.n % 8 != 0;
+        let mut rp = Vec::new();
+        for dr in [0, 8] {
+            rp.push(if need_rows {
+                let r = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {r}, {row}, {dr}"));
+                Some(asm.lt(&r, &p.m.to_string()))
+            } else {
+                None
+            });
+        }
+        let mut cp = Vec::new();
+        for dc in [0, 1] {
+            cp.push(if need_cols {
+                let r = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {r}, {col}, {dc}"));
+                Some(asm.lt(&r, &p.n.to_string()))
+            } else {
+                None
+            });
+        }
+        for (i, v) in acc.iter().enumerate() {
+            let (dr, dc) = (8 * (i / 2), i % 2);
+            let pred = asm.and(rp[i / 2].clone(), cp[dc].clone());
+            let addr = format!("{cbase}+{}", (dr + dc * ldc) * 2);
+            epi.store(asm, v, &addr, &pred);
+        }
+        if valid.is_some() {
+            asm.place(&skip);
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! smallgemm's GPU backend: a [`GemmSpec`] and a [`GpuSchedule`] become the PTX text of one
+//! kernel for sm_80 or sm_90.
+//!
+//! Every kernel computes whole problems in one thread block (papers 000/002): the block's
+//! `tba` problems each get a group of threads; the group stages its A and B through padded
+//! shared memory, then each thread keeps its part of C in registers over a fully unrolled k
+//! loop and writes it once. f32/f64 (and f16 below ~10) use FMA with an `rm x rn` register
+//! tile per thread; f16 from ~10 up uses tensor cores (`mma.sync.m16n8k16`, f32
+//! accumulation), each warp owning 16x8 tiles of C. Sizes, transposes, leading dimensions,
+//! strides and the kinds of alpha and beta are constants in the code; row-major specs run as
+//! their column-major view (A and B swapped inside the kernel, so callers pass them as is).
+
+mod emit;
+pub mod ptxas;
+
+use smallgemm_ir::{
+    plan_gpu, Accumulate, ColMajorProblem, Dtype, GemmSpec, GpuSchedule, GpuScheduleError,
+    GpuTarget, Scalar, Sm,
+};
+use thiserror::Error;
+
+/// How the kernel finds the matrices of the batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BatchKind {
+    /// `a + i * stride_a` etc. (the spec's strides).
+    Strided,
+    /// Arrays of device pointers, one per matrix; the spec's leading dimensions.
+    PointerArray,
+    /// Pointer arrays plus, per problem, six u32 `m, n, k, lda, ldb, ldc` (as the caller sees
+    /// the problem, not the column-major view); the spec's m, n, k are the maxima. Threads and
+    /// blocks without work exit at once (ETM, paper 001).
+    VariableSize,
+}
+
+impl BatchKind {
+    fn suffix(self) -> &'static str {
+        match self {
+            BatchKind::Strided => "",
+            BatchKind::PointerArray => "_ptr",
+            BatchKind::VariableSize => "_vbatch",
+        }
+    }
+}
+
+/// Why no kernel could be generated.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum PtxError {
+    #[error("invalid GPU schedule: {0}")]
+    Schedule(#[from] GpuScheduleError),
+    #[error("tensor-core kernels accumulate in f32 only")]
+    MmaAccumulate,
+    #[error("variable-size batches use FMA kernels (no tensor-core schedule)")]
+    VariableSizeMma,
+    #[error("the kernel would unroll {0} FMAs per thread; smallgemm keeps kernels below 65536")]
+    TooLarge(usize),
+}
+
+/// The kernel parameters, in order, after the common `a, b, c` and `batch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtraParam {
+    /// Pointer to six u32 per problem (variable-size batches), before `batch`.
+    Dims,
+    /// alpha as the kernel's scalar type (f64 for f64, f32 for f32 and f16).
+    Alpha,
+    Beta,
+}
+
+/// One generated kernel: its PTX and how to launch it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PtxKernel {
+    pub ptx: String,
+    /// The `.entry` name.
+    pub entry: String,
+    pub sm: Sm,
+    pub kind: BatchKind,
+    pub schedule: GpuSchedule,
+    pub threads_per_block: u32,
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_bytes: usize,
+    /// Parameters after `a, b, c` (`u64` each): `[dims (u64)], batch (u32), [alpha], [beta]`.
+    pub extra: Vec<ExtraParam>,
+}
+
+impl PtxKernel {
+    /// Thread blocks for a batch of `batch` problems.
+    pub fn blocks(&self, batch: usize) -> usize {
+        batch.div_ceil(self.schedule.tba as usize)
+    }
+}
+
+/// The PTX ISA version emitted for `sm`: the lowest that has every feature used, since the
+/// driver that JIT-compiles the PTX at load time may be older than any local ptxas (7.0
+/// introduced sm_80 and m16n8k16; 7.8 introduced sm_90).
+pub fn ptx_version(sm: Sm) -> (u32, u32) {
+    match sm {
+        Sm::Sm80 => (7, 0),
+        Sm::Sm90 => (7, 8),
+    }
+}
+
+/// The scalar type of run-time alpha/beta and of the epilogue.
+pub fn scalar_dtype(dtype: Dtype) -> Dtype {
+    match dtype {
+        Dtype::F64 => Dtype::F64,
+        Dtype::F32 | Dtype::F16 => Dtype::F32,
+    }
+}
+
+/// The kernel's entry name for `spec`, `kind` and `schedule` (unique per cache key).
+pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
+    let mma = match s.mma {
+        Some(m) => format!("_mma{}x{}x{}w{}", m.m, m.n, m.k, s.warps),
+        None => format!("_r{}x{}", s.rm, s.rn),
+    };
+    let acc = match (spec.dtype(), s.accumulate) {
+        (Dtype::F16, Accumulate::Native) => "_acc16",
+        _ => "",
+    };
+    format!("{}{}{mma}_tba{}{acc}", spec.name(), kind.suffix(), s.tba)
+}
+
+/// The default schedule for `spec` (tensor cores only for strided and pointer-array f16).
+pub fn plan(spec: &GemmSpec, target: &GpuTarget, kind: BatchKind) -> Result<GpuSchedule, PtxError> {
+    let p = spec.col_major();
+    let mut s = plan_gpu(&p, target)?;
+    if kind == BatchKind::VariableSize && s.mma.is_some() {
+        let mut q = p;
+        // Plan as if f32 to get an FMA schedule, then keep f16.
+        q.dtype = Dtype::F32;
+        s = plan_gpu(&q, target)?;
+        s.validate(&p, target)?;
+    }
+    Ok(s)
+}
+
+/// Generates the kernel for `spec` (with the planned schedule unless one is given).
+pub fn generate(
+    spec: &GemmSpec,
+    target: &GpuTarget,
+    schedule: Option<&GpuSchedule>,
+    kind: BatchKind,
+) -> Result<PtxKernel, PtxError> {
+    let schedule = match schedule {
+        Some(s) => *s,
+        None => plan(spec, target, kind)?,
+    };
+    let p = spec.col_major();
+    let res = schedule.validate(&p, target)?;
+    if schedule.mma.is_some() {
+        if schedule.accumulate != Accumulate::F32 {
+            return Err(PtxError::MmaAccumulate);
+        }
+        if kind == BatchKind::VariableSize {
+            return Err(PtxError::VariableSizeMma);
+        }
+    }
+    let per_thread = match schedule.mma {
+        None => (schedule.rm * schedule.rn) as usize * p.k,
+        Some(_) => 0,
+    };
+    if per_thread >= 65536 {
+        return Err(PtxError::TooLarge(per_thread));
+    }
+    let mut extra = Vec::new();
+    if kind == BatchKind::VariableSize {
+        extra.push(ExtraParam::Dims);
+    }
+    if p.alpha == Scalar::Runtime {
+        extra.push(ExtraParam::Alpha);
+    }
+    if p.beta == Scalar::Runtime {
+        extra.push(ExtraParam::Beta);
+    }
+    let entry = entry_name(spec, kind, &schedule);
+    let ptx = emit::kernel(&p, target.sm, kind, &schedule, &entry, &extra);
+    Ok(PtxKernel {
+        ptx,
+        entry,
+        sm: target.sm,
+        kind,
+        schedule,
+        threads_per_block: res.threads_per_block,
+        shared_bytes: res.shared_bytes,
+        extra,
+    })
+}
+
+/// One PTX module holding the entries of several kernels for the same `sm` (ptxas checks
+/// many kernels in one run this way).
+pub fn combine(sm: Sm, kernels: &[&PtxKernel]) -> String {
+    let mut out = String::new();
+    let (major, minor) = ptx_version(sm);
+    out.push_str(&format!(
+        ".version {major}.{minor}\n.target {}\n.address_size 64\n\n.extern .shared .align 16 .b8 smem[];\n\n",
+        sm.name()
+    ));
+    for k in kernels {
+        if let Some(at) = k.ptx.find(".visible .entry") {
+            out.push_str(&k.ptx[at..]);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The column-major problem a spec's kernel computes (re-exported for the runtime).
+pub fn problem(spec: &GemmSpec) -> ColMajorProblem {
+    spec.col_major()
+}

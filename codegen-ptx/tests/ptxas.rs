@@ -1,0 +1,114 @@
+//! Every kernel shape the GPU tests run, plus a spread of others, assembled by `ptxas` for
+//! sm_80 and sm_90. CI installs ptxas (scripts/test.sh), so a missing ptxas fails the test.
+
+use smallgemm_codegen_ptx::{combine, generate, ptxas, BatchKind, PtxKernel};
+use smallgemm_ir::{Dtype, GemmSpec, GpuTarget, Layout, Scalar, Sm, Trans};
+
+fn specs() -> Vec<(GemmSpec, BatchKind)> {
+    let mut out = Vec::new();
+    for dtype in [Dtype::F64, Dtype::F32, Dtype::F16] {
+        let top = if dtype == Dtype::F16 { 128 } else { 32 };
+        for n in (1..=top).filter(|&n| n <= 34 || n % 16 == 0 || n == 100) {
+            out.push((
+                GemmSpec::builder(dtype, n, n, n)
+                    .alpha(Scalar::fixed(1.5).unwrap())
+                    .beta(Scalar::fixed(0.5).unwrap())
+                    .build()
+                    .unwrap(),
+                BatchKind::Strided,
+            ));
+        }
+        for (m, n, k) in [(3, 5, 7), (17, 9, 4), (24, 20, 33), (1, 30, 2)] {
+            for (ta, tb) in [
+                (Trans::N, Trans::T),
+                (Trans::T, Trans::N),
+                (Trans::T, Trans::T),
+            ] {
+                for (alpha, beta) in [
+                    (Scalar::Runtime, Scalar::Runtime),
+                    (Scalar::MinusOne, Scalar::One),
+                    (Scalar::One, Scalar::MinusOne),
+                    (Scalar::Zero, Scalar::Fixed(2.5f64.to_bits())),
+                ] {
+                    let spec = GemmSpec::builder(dtype, m, n, k)
+                        .trans_a(ta)
+                        .trans_b(tb)
+                        .layout(if m % 2 == 0 {
+                            Layout::RowMajor
+                        } else {
+                            Layout::ColMajor
+                        })
+                        .lda(40)
+                        .ldb(41)
+                        .ldc(42)
+                        .alpha(alpha)
+                        .beta(beta)
+                        .build()
+                        .unwrap();
+                    for kind in [
+                        BatchKind::Strided,
+                        BatchKind::PointerArray,
+                        BatchKind::VariableSize,
+                    ] {
+                        out.push((spec, kind));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn ptxas_accepts_every_kernel() {
+    let ptxas = ptxas::find().expect(
+        "ptxas not found: set SMALLGEMM_PTXAS or `pip install nvidia-cuda-nvcc` (scripts/test.sh does)",
+    );
+    for sm in [Sm::Sm80, Sm::Sm90] {
+        let target = GpuTarget::new(sm);
+        let kernels: Vec<PtxKernel> = specs()
+            .iter()
+            .map(|(spec, kind)| generate(spec, &target, None, *kind).unwrap())
+            .collect();
+        let refs: Vec<&PtxKernel> = kernels.iter().collect();
+        // One module per chunk keeps ptxas runs few and failures readable.
+        for chunk in refs.chunks(64) {
+            let module = combine(sm, chunk);
+            if let Err(e) = ptxas::assemble(&ptxas, &module, sm) {
+                let first: Vec<&str> = e.lines().take(20).collect();
+                let line = first
+                    .iter()
+                    .find_map(|l| l.split("line ").nth(1))
+                    .and_then(|t| t.split(';').next())
+                    .and_then(|t| t.trim().parse::<usize>().ok());
+                let context = line
+                    .map(|l| {
+                        module
+                            .lines()
+                            .skip(l.saturating_sub(3))
+                            .take(5)
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    })
+                    .unwrap_or_default();
+                panic!(
+                    "ptxas rejected {sm} module:\n{}\n---\n{context}",
+                    first.join("\n")
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn f16_from_sixteen_uses_tensor_cores() {
+    let target = GpuTarget::new(Sm::Sm90);
+    for n in [16, 32, 64, 128] {
+        let spec = GemmSpec::builder(Dtype::F16, n, n, n).build().unwrap();
+        let k = generate(&spec, &target, None, BatchKind::Strided).unwrap();
+        assert!(k.ptx.contains("mma.sync.aligned.m16n8k16"), "n = {n}");
+    }
+    let small = GemmSpec::builder(Dtype::F16, 4, 4, 4).build().unwrap();
+    let k = generate(&small, &target, None, BatchKind::Strided).unwrap();
+    assert!(!k.ptx.contains("mma.sync"));
+}

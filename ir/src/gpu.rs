@@ -1,0 +1,470 @@
+//! GPU targets and GPU schedules: what an NVIDIA GPU offers and how a batched small GEMM is
+//! mapped onto its threads, as plain serde data with validation against hard limits.
+//!
+//! The mapping (papers 000/002: one thread block computes whole problems):
+//! - FMA kernels: each problem gets `ceil(m / rm) * ceil(n / rn)` threads, each owning an
+//!   `rm x rn` register tile of C (rm = rn = 2 or 4 is the papers' recursive 2x2 blocking);
+//!   `tba` problems share a thread block so tiny sizes still fill it.
+//! - Tensor-core kernels (f16): `warps` warps per problem, each computing 16x8 tiles of C with
+//!   `mma.sync.m16n8k16`; `tba` problems per block as well.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::spec::{ColMajorProblem, Dtype};
+
+/// An NVIDIA architecture smallgemm generates PTX for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sm {
+    /// Ampere (A100): `mma.sync` f16 m16n8k16.
+    Sm80,
+    /// Hopper (H100).
+    Sm90,
+}
+
+impl Sm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Sm::Sm80 => "sm_80",
+            Sm::Sm90 => "sm_90",
+        }
+    }
+
+    /// The compute capability times ten (80, 90).
+    pub fn number(self) -> u32 {
+        match self {
+            Sm::Sm80 => 80,
+            Sm::Sm90 => 90,
+        }
+    }
+
+    /// From a device's compute capability; `None` below 8.0 (no m16n8k16 mma). Newer
+    /// architectures run sm_90 PTX through the driver's JIT.
+    pub fn from_compute_capability(major: u32, minor: u32) -> Option<Sm> {
+        match (major, minor) {
+            (8, _) => Some(Sm::Sm80),
+            (m, _) if m >= 9 => Some(Sm::Sm90),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Sm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Sm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Sm, String> {
+        match s {
+            "sm_80" | "sm80" => Ok(Sm::Sm80),
+            "sm_90" | "sm90" => Ok(Sm::Sm90),
+            _ => Err(format!("unknown GPU architecture {s:?} (sm_80 or sm_90)")),
+        }
+    }
+}
+
+/// A tensor-core instruction shape (rows x cols x depth of one `mma.sync`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MmaShape {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+}
+
+impl MmaShape {
+    /// `mma.sync.aligned.m16n8k16` with f16 inputs (sm_80 and later).
+    pub const M16N8K16: MmaShape = MmaShape { m: 16, n: 8, k: 16 };
+}
+
+/// What a GPU offers the kernels; the limits a schedule must respect.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuTarget {
+    pub sm: Sm,
+    /// Dynamic shared memory a block may use (the opt-in maximum; the runtime raises the
+    /// function's limit when a kernel needs more than the default 48 KiB).
+    pub shared_bytes_per_block: usize,
+    pub max_threads_per_block: u32,
+    /// Registers a thread may use (255 on sm_80/sm_90).
+    pub max_registers_per_thread: u32,
+    pub registers_per_sm: u32,
+    /// Tensor-core shapes for f16 inputs.
+    pub f16_mma_shapes: Vec<MmaShape>,
+}
+
+impl GpuTarget {
+    pub fn new(sm: Sm) -> GpuTarget {
+        GpuTarget {
+            sm,
+            shared_bytes_per_block: match sm {
+                // sm_86/sm_89 allow 99 KiB, the least of the 8.x family (A100: 163 KiB).
+                Sm::Sm80 => 99 * 1024,
+                Sm::Sm90 => 227 * 1024,
+            },
+            max_threads_per_block: 1024,
+            max_registers_per_thread: 255,
+            registers_per_sm: 65536,
+            f16_mma_shapes: vec![MmaShape::M16N8K16],
+        }
+    }
+}
+
+/// The precision f16 products are accumulated in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accumulate {
+    /// The element type itself (f16 accumulates in f16).
+    Native,
+    /// f32 accumulation for f16 inputs (the default: k products in f16 lose too much).
+    F32,
+}
+
+/// How a batched GEMM maps onto threads; tunable, serde data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuSchedule {
+    /// Rows of C per thread (FMA kernels).
+    pub rm: u32,
+    /// Columns of C per thread (FMA kernels).
+    pub rn: u32,
+    /// Problems per thread block.
+    pub tba: u32,
+    /// Tensor-core shape, for f16 only; `None` means FMA kernels.
+    pub mma: Option<MmaShape>,
+    /// Warps per problem for tensor-core kernels.
+    pub warps: u32,
+    /// f16 accumulation precision (ignored for f32/f64).
+    pub accumulate: Accumulate,
+}
+
+/// A schedule that breaks a hard limit of the target or does not fit the problem.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum GpuScheduleError {
+    #[error("register tile {rm}x{rn}: each side must be 1, 2, 4 or 8")]
+    Tile { rm: u32, rn: u32 },
+    #[error("tba = {0}: at least one problem per block")]
+    Tba(u32),
+    #[error("{threads} threads per block exceed the limit of {limit}")]
+    Threads { threads: u32, limit: u32 },
+    #[error("{bytes} bytes of shared memory per block exceed the limit of {limit}")]
+    Shared { bytes: usize, limit: usize },
+    #[error("about {estimate} registers per thread exceed the limit of {limit}")]
+    Registers { estimate: u32, limit: u32 },
+    #[error("tensor cores need f16 inputs (got {0:?})")]
+    MmaDtype(Dtype),
+    #[error("the target has no {0:?} tensor-core shape")]
+    MmaShape(MmaShape),
+    #[error("warps = {0}: tensor-core kernels need 1..=32 warps per problem")]
+    Warps(u32),
+}
+
+/// Resource use of a schedule on a problem: what validation compares with the limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuResources {
+    pub threads_per_problem: u32,
+    pub threads_per_block: u32,
+    pub shared_bytes: usize,
+    pub registers_estimate: u32,
+}
+
+/// Padded shared-memory geometry of one problem's A and B, in elements. A is stored as op(A)
+/// (m x k) at `i * a_row + p * a_col`; B as op(B) (k x n) at `p * b_row + j * b_col`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedLayout {
+    pub a_row: usize,
+    pub a_col: usize,
+    pub a_len: usize,
+    pub b_row: usize,
+    pub b_col: usize,
+    pub b_len: usize,
+}
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+impl GpuSchedule {
+    /// Threads per problem of an FMA schedule: one per `rm x rn` tile of C.
+    pub fn fma_threads(&self, p: &ColMajorProblem) -> u32 {
+        (p.m.div_ceil(self.rm as usize) * p.n.div_ceil(self.rn as usize)) as u32
+    }
+
+    /// The shared-memory layout the kernels use for `p` under this schedule.
+    pub fn shared_layout(&self, p: &ColMajorProblem) -> SharedLayout {
+        match self.mma {
+            None => {
+                // A column-major with an odd leading dimension: threads of a warp read
+                // consecutive rows (no conflict), and transposed loads that write along a
+                // row spread over all banks. Padded to the tile grid so that threads whose
+                // tile hangs over the edge read (unused) values inside the allocation.
+                let rows = round_up(p.m, self.rm as usize);
+                let cols = round_up(p.n, self.rn as usize);
+                let lda = rows | 1;
+                let ldb = p.k | 1;
+                SharedLayout {
+                    a_row: 1,
+                    a_col: lda,
+                    a_len: lda * p.k,
+                    b_row: 1,
+                    b_col: ldb,
+                    b_len: ldb * cols,
+                }
+            }
+            Some(s) => {
+                // Row-major op(A) and column-major op(B), k padded to the mma depth plus 8
+                // halves, so that a fragment's pair of halves is one aligned 32-bit word and
+                // the 8 rows a fragment load touches fall in different banks.
+                let kp = round_up(p.k, s.k as usize);
+                let ld = kp + 8;
+                let rows = round_up(p.m, s.m as usize);
+                let cols = round_up(p.n, s.n as usize);
+                SharedLayout {
+                    a_row: ld,
+                    a_col: 1,
+                    a_len: ld * rows,
+                    b_row: 1,
+                    b_col: ld,
+                    b_len: ld * cols,
+                }
+            }
+        }
+    }
+
+    /// Threads, shared memory and an estimate of registers for `p`.
+    pub fn resources(&self, p: &ColMajorProblem) -> GpuResources {
+        let elt = p.dtype.size();
+        let shared = self.shared_layout(p);
+        let (tpp, regs) = match self.mma {
+            None => {
+                let words = if p.dtype == Dtype::F64 { 2 } else { 1 };
+                let tile = self.rm * self.rn * words;
+                // Accumulators, one column of A and one row of B in flight, addressing.
+                (
+                    self.fma_threads(p),
+                    tile + (self.rm + self.rn) * words * 2 + 24,
+                )
+            }
+            Some(s) => {
+                let tiles = (p.m.div_ceil(s.m as usize) * p.n.div_ceil(s.n as usize)) as u32;
+                let per_warp = tiles.div_ceil(self.warps.max(1));
+                // 4 f32 accumulators per 16x8 tile, 4 + 2 fragment words, addressing.
+                (32 * self.warps, per_warp * 4 + 12 + 24)
+            }
+        };
+        GpuResources {
+            threads_per_problem: tpp,
+            threads_per_block: tpp.saturating_mul(self.tba),
+            shared_bytes: (shared.a_len + shared.b_len) * elt * self.tba as usize,
+            registers_estimate: regs,
+        }
+    }
+
+    /// Checks the hard constraints of `target` for problem `p`.
+    pub fn validate(
+        &self,
+        p: &ColMajorProblem,
+        target: &GpuTarget,
+    ) -> Result<GpuResources, GpuScheduleError> {
+        let side = |x: u32| matches!(x, 1 | 2 | 4 | 8);
+        if !side(self.rm) || !side(self.rn) {
+            return Err(GpuScheduleError::Tile {
+                rm: self.rm,
+                rn: self.rn,
+            });
+        }
+        if self.tba == 0 {
+            return Err(GpuScheduleError::Tba(0));
+        }
+        if let Some(shape) = self.mma {
+            if p.dtype != Dtype::F16 {
+                return Err(GpuScheduleError::MmaDtype(p.dtype));
+            }
+            if !target.f16_mma_shapes.contains(&shape) {
+                return Err(GpuScheduleError::MmaShape(shape));
+            }
+            if self.warps == 0 || self.warps > 32 {
+                return Err(GpuScheduleError::Warps(self.warps));
+            }
+        }
+        let r = self.resources(p);
+        if r.threads_per_block > target.max_threads_per_block {
+            return Err(GpuScheduleError::Threads {
+                threads: r.threads_per_block,
+                limit: target.max_threads_per_block,
+            });
+        }
+        if r.shared_bytes > target.shared_bytes_per_block {
+            return Err(GpuScheduleError::Shared {
+                bytes: r.shared_bytes,
+                limit: target.shared_bytes_per_block,
+            });
+        }
+        if r.registers_estimate > target.max_registers_per_thread {
+            return Err(GpuScheduleError::Registers {
+                estimate: r.registers_estimate,
+                limit: target.max_registers_per_thread,
+            });
+        }
+        Ok(r)
+    }
+}
+
+/// The default schedule for `p` on `target`: lightweight blocks (paper 001) of about 128-256
+/// threads; a register tile grows with the size so that a thread does enough FMAs per
+/// shared-memory load; tensor cores for f16 from 10 up (below, FMA kernels win: an mma would
+/// mostly multiply padding). Fails only when no schedule fits (A and B of one problem
+/// exceed shared memory).
+pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, GpuScheduleError> {
+    let big = p.m.max(p.n);
+    let mut s = if p.dtype == Dtype::F16 && big >= 10 {
+        let tiles = (p.m.div_ceil(16) * p.n.div_ceil(8)) as u32;
+        GpuSchedule {
+            rm: 1,
+            rn: 1,
+            tba: 1,
+            mma: Some(MmaShape::M16N8K16),
+            warps: tiles.clamp(1, 8),
+            accumulate: Accumulate::F32,
+        }
+    } else {
+        let (rm, rn) = match big {
+            0..=16 => (1, 1),
+            17..=24 => (2, 2),
+            _ => {
+                if p.dtype == Dtype::F64 {
+                    (2, 2)
+                } else {
+                    (4, 2)
+                }
+            }
+        };
+        GpuSchedule {
+            rm,
+            rn,
+            tba: 1,
+            mma: None,
+            warps: 1,
+            accumulate: Accumulate::F32,
+        }
+    };
+    let tpp = s.resources(p).threads_per_problem.max(1);
+    let want = if s.mma.is_some() { 128 } else { 256 };
+    s.tba = (want / tpp).max(1);
+    // Shrink tba until the block fits (shared memory of large k, say).
+    while s.tba > 1 && s.validate(p, target).is_err() {
+        s.tba -= 1;
+    }
+    if s.mma.is_none() && s.validate(p, target).is_err() {
+        // Too many threads for one-element tiles: grow the tile.
+        for (rm, rn) in [(2, 2), (4, 2), (4, 4), (8, 4), (8, 8)] {
+            s.rm = rm;
+            s.rn = rn;
+            if s.validate(p, target).is_ok() {
+                break;
+            }
+        }
+    }
+    s.validate(p, target)?;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::GemmSpec;
+
+    fn problem(dtype: Dtype, n: usize) -> ColMajorProblem {
+        GemmSpec::builder(dtype, n, n, n)
+            .build()
+            .unwrap()
+            .col_major()
+    }
+
+    #[test]
+    fn planned_schedules_are_valid() {
+        for sm in [Sm::Sm80, Sm::Sm90] {
+            let t = GpuTarget::new(sm);
+            for dtype in [Dtype::F64, Dtype::F32, Dtype::F16] {
+                // Up to the sizes whose A and B fit in shared memory on both.
+                let top = match dtype {
+                    Dtype::F64 => 64,
+                    Dtype::F32 => 96,
+                    Dtype::F16 => 128,
+                };
+                for n in 1..=top {
+                    let p = problem(dtype, n);
+                    let s = plan_gpu(&p, &t).unwrap();
+                    assert!(s.validate(&p, &t).is_ok(), "{dtype:?} n={n}: {s:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn limits_are_enforced() {
+        let t = GpuTarget::new(Sm::Sm90);
+        let p = problem(Dtype::F64, 32);
+        let mut s = plan_gpu(&p, &t).unwrap();
+        s.rm = 1;
+        s.rn = 1;
+        s.tba = 2; // 2048 threads
+        assert!(matches!(
+            s.validate(&p, &t),
+            Err(GpuScheduleError::Threads { .. })
+        ));
+        s.rm = 3;
+        assert!(matches!(
+            s.validate(&p, &t),
+            Err(GpuScheduleError::Tile { .. })
+        ));
+        let mut s = plan_gpu(&p, &t).unwrap();
+        s.mma = Some(MmaShape::M16N8K16);
+        assert_eq!(
+            s.validate(&p, &t),
+            Err(GpuScheduleError::MmaDtype(Dtype::F64))
+        );
+        let big = problem(Dtype::F64, 128);
+        assert!(matches!(
+            plan_gpu(&big, &t),
+            Err(GpuScheduleError::Shared { .. })
+        ));
+        let s = GpuSchedule {
+            rm: 8,
+            rn: 8,
+            tba: 4,
+            mma: None,
+            warps: 1,
+            accumulate: Accumulate::F32,
+        };
+        assert!(matches!(
+            s.validate(&big, &t),
+            Err(GpuScheduleError::Shared { .. })
+        ));
+    }
+
+    #[test]
+    fn f16_uses_tensor_cores_from_ten() {
+        let t = GpuTarget::new(Sm::Sm80);
+        assert!(plan_gpu(&problem(Dtype::F16, 16), &t)
+            .unwrap()
+            .mma
+            .is_some());
+        assert!(plan_gpu(&problem(Dtype::F16, 4), &t).unwrap().mma.is_none());
+        assert!(plan_gpu(&problem(Dtype::F64, 16), &t)
+            .unwrap()
+            .mma
+            .is_none());
+    }
+
+    #[test]
+    fn schedules_round_trip_through_serde() {
+        let s = plan_gpu(&problem(Dtype::F16, 32), &GpuTarget::new(Sm::Sm90)).unwrap();
+        let text = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<GpuSchedule>(&text).unwrap(), s);
+        let t = GpuTarget::new(Sm::Sm80);
+        let text = serde_json::to_string(&t).unwrap();
+        assert_eq!(serde_json::from_str::<GpuTarget>(&text).unwrap(), t);
+    }
+}
