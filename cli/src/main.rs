@@ -1,6 +1,7 @@
 //! `smallgemm`: run and verify JIT kernels, or emit their machine code.
 
 mod emit;
+mod gpu;
 mod run;
 
 use std::process::ExitCode;
@@ -119,6 +120,14 @@ impl ShapeArgs {
 }
 
 fn main() -> ExitCode {
+    // GPU invocations (emit --isa sm_80|sm_90, run --isa cuda, bench/tune --gpu) have
+    // their own parser in gpu.rs.
+    if let Some(result) = gpu::dispatch(&std::env::args().skip(1).collect::<Vec<_>>()) {
+        return result.unwrap_or_else(|message| {
+            eprintln!("smallgemm: {message}");
+            ExitCode::from(2)
+        });
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run::run(&args),

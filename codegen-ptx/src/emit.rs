@@ -415,7 +415,7 @@ pub(crate) fn kernel(
     asm.op(format!("add.u32 {sb}, {sa}, {}", layout.a_len * elt));
 
     let skip_load = asm.label();
-    asm.op(format!("@{out} bra.uni {skip_load}"));
+    asm.op(format!("@{out} bra {skip_load}"));
     // Problem pointers (and sizes, for variable-size batches).
     let problem = problem_regs(&mut asm, p, kind, &ga, &gb, &gc, gdims.as_deref(), &pi);
     asm.comment("stage A and B in shared memory");
@@ -497,8 +497,9 @@ pub(crate) fn kernel(
     asm.place(&skip_load);
     asm.op("bar.sync 0");
     let exit = asm.label();
-    // Groups past the end of the batch leave now that the block's barrier is behind them.
-    asm.op(format!("@{out} bra.uni {exit}"));
+    // Groups past the end of the batch leave now that the block's barrier is behind them
+    // (a divergent branch: groups of one warp may differ, so not bra.uni).
+    asm.op(format!("@{out} bra {exit}"));
 
     let epi = Epilogue {
         dtype,
@@ -750,10 +751,10 @@ fn fma_body(
         // ETM: a thread whose first row or column is outside its problem has nothing to do.
         let pm = asm.reg(Kind::Pred);
         asm.op(format!("setp.ge.u32 {pm}, {tx}, {m}"));
-        asm.op(format!("@{pm} bra.uni {exit}"));
+        asm.op(format!("@{pm} bra {exit}"));
         let pn = asm.reg(Kind::Pred);
         asm.op(format!("setp.ge.u32 {pn}, {ty}, {n}"));
-        asm.op(format!("@{pn} bra.uni {exit}"));
+        asm.op(format!("@{pn} bra {exit}"));
     }
     let abase = asm.reg(Kind::B32);
     asm.op(format!(

@@ -27,6 +27,8 @@
 
 mod cache;
 mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 mod exec;
 mod kernel;

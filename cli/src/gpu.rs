@@ -1,0 +1,557 @@
+//! The GPU side of the `smallgemm` command: `emit --isa sm_80|sm_90` (PTX), `run --isa
+//! cuda` (run and verify on the GPU), `bench --gpu` (against cuBLAS) and `tune --gpu`.
+//! `main` hands these invocations here before its own parser sees them, so the CPU
+//! subcommands keep their flags.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use smallgemm::cuda::bench::{self, BenchConfig, Report};
+use smallgemm::cuda::{self, f16, BatchKind, Gpu, GpuElement};
+use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
+use smallgemm_ir::reference::SplitMix64;
+use smallgemm_ir::{Accumulate, GpuSchedule, GpuTarget, MmaShape, Sm};
+
+/// Whether `args` (without the program name) is a GPU invocation; if so, runs it.
+pub fn dispatch(args: &[String]) -> Option<Result<ExitCode, String>> {
+    let sub = args.first()?.as_str();
+    let has = |flag: &str, values: &[&str]| {
+        args.windows(2)
+            .any(|w| w[0] == flag && values.contains(&w[1].as_str()))
+            || values
+                .iter()
+                .any(|v| args.iter().any(|a| *a == format!("{flag}={v}")))
+    };
+    let gpu = match sub {
+        "emit" => has("--isa", &["sm_80", "sm_90", "sm80", "sm90"]),
+        "run" => has("--isa", &["cuda"]),
+        "bench" | "tune" => args.iter().any(|a| a == "--gpu"),
+        _ => false,
+    };
+    if !gpu {
+        return None;
+    }
+    let argv = std::iter::once("smallgemm".to_string()).chain(args.iter().cloned());
+    let cli = match GpuCli::try_parse_from(argv) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return Some(Ok(ExitCode::from(2)));
+        }
+    };
+    Some(match cli.command {
+        GpuCommand::Emit(a) => emit(&a),
+        GpuCommand::Run(a) => run(&a),
+        GpuCommand::Bench(a) => run_bench(&a),
+        GpuCommand::Tune(a) => tune(&a),
+    })
+}
+
+#[derive(Parser)]
+#[command(name = "smallgemm", about = "smallgemm's GPU commands")]
+struct GpuCli {
+    #[command(subcommand)]
+    command: GpuCommand,
+}
+
+#[derive(Subcommand)]
+enum GpuCommand {
+    /// Write a kernel's PTX (--isa sm_80 or sm_90).
+    Emit(EmitArgs),
+    /// Run and verify kernels on the GPU (--isa cuda).
+    Run(RunArgs),
+    /// smallgemm against cuBLAS on the GPU (--gpu).
+    Bench(BenchArgs),
+    /// Sweep GPU schedules and store the winners (--gpu).
+    Tune(TuneArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum DtypeArg {
+    F64,
+    F32,
+    F16,
+}
+
+impl From<DtypeArg> for Dtype {
+    fn from(d: DtypeArg) -> Dtype {
+        match d {
+            DtypeArg::F64 => Dtype::F64,
+            DtypeArg::F32 => Dtype::F32,
+            DtypeArg::F16 => Dtype::F16,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum KindArg {
+    Strided,
+    Pointer,
+    Variable,
+}
+
+#[derive(Args, Clone, Debug)]
+struct Shape {
+    #[arg(long)]
+    m: Option<usize>,
+    #[arg(long)]
+    n: Option<usize>,
+    #[arg(long)]
+    k: Option<usize>,
+    #[arg(long)]
+    trans_a: bool,
+    #[arg(long)]
+    trans_b: bool,
+    /// Storage order of A, B and C: col or row.
+    #[arg(long, default_value = "col")]
+    layout: String,
+    #[arg(long)]
+    lda: Option<usize>,
+    #[arg(long)]
+    ldb: Option<usize>,
+    #[arg(long)]
+    ldc: Option<usize>,
+    /// A number baked into the code, or "runtime" for a kernel argument.
+    #[arg(long, default_value = "1", allow_negative_numbers = true)]
+    alpha: String,
+    /// A number baked into the code, or "runtime" for a kernel argument.
+    #[arg(long, default_value = "0", allow_negative_numbers = true)]
+    beta: String,
+}
+
+fn scalar(name: &str, text: &str) -> Result<Scalar, String> {
+    if text == "runtime" {
+        return Ok(Scalar::Runtime);
+    }
+    let v: f64 = text
+        .parse()
+        .map_err(|_| format!("--{name} takes a number or \"runtime\", not {text:?}"))?;
+    Scalar::fixed(v).map_err(|e| e.to_string())
+}
+
+impl Shape {
+    fn shape(&self) -> Result<Option<(usize, usize, usize)>, String> {
+        match (self.m, self.n, self.k) {
+            (Some(m), Some(n), Some(k)) => Ok(Some((m, n, k))),
+            (None, None, None) => Ok(None),
+            _ => Err("give all of --m, --n and --k, or none of them".into()),
+        }
+    }
+
+    fn spec(&self, dtype: Dtype, (m, n, k): (usize, usize, usize)) -> Result<GemmSpec, String> {
+        let t = |on: bool| if on { Trans::T } else { Trans::N };
+        let layout = match self.layout.as_str() {
+            "col" => Layout::ColMajor,
+            "row" => Layout::RowMajor,
+            other => return Err(format!("--layout is col or row, not {other:?}")),
+        };
+        let mut b = GemmSpec::builder(dtype, m, n, k)
+            .trans_a(t(self.trans_a))
+            .trans_b(t(self.trans_b))
+            .layout(layout)
+            .alpha(scalar("alpha", &self.alpha)?)
+            .beta(scalar("beta", &self.beta)?);
+        if let Some(v) = self.lda {
+            b = b.lda(v);
+        }
+        if let Some(v) = self.ldb {
+            b = b.ldb(v);
+        }
+        if let Some(v) = self.ldc {
+            b = b.ldc(v);
+        }
+        b.build().map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Args, Debug)]
+struct EmitArgs {
+    /// sm_80 or sm_90.
+    #[arg(long)]
+    isa: Sm,
+    #[arg(long, value_enum, default_value = "f64")]
+    dtype: DtypeArg,
+    #[command(flatten)]
+    shape: Shape,
+    /// Only ptx.
+    #[arg(long, default_value = "ptx")]
+    format: String,
+    #[arg(long, value_enum, default_value = "strided")]
+    batch_kind: KindArg,
+    /// A GPU schedule as JSON (default: the planner's).
+    #[arg(long)]
+    schedule: Option<String>,
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+}
+
+fn kind(k: KindArg) -> BatchKind {
+    match k {
+        KindArg::Strided => BatchKind::Strided,
+        KindArg::Pointer => BatchKind::PointerArray,
+        KindArg::Variable => BatchKind::VariableSize,
+    }
+}
+
+fn emit(args: &EmitArgs) -> Result<ExitCode, String> {
+    if args.format != "ptx" {
+        return Err(format!(
+            "--format {} is not a GPU format (ptx)",
+            args.format
+        ));
+    }
+    let shape = args
+        .shape
+        .shape()?
+        .ok_or("emit needs a shape: --m, --n and --k")?;
+    let spec = args.shape.spec(args.dtype.into(), shape)?;
+    let schedule: Option<GpuSchedule> = match &args.schedule {
+        Some(text) => Some(serde_json::from_str(text).map_err(|e| format!("--schedule: {e}"))?),
+        None => None,
+    };
+    let kernel = smallgemm_codegen_ptx::generate(
+        &spec,
+        &GpuTarget::new(args.isa),
+        schedule.as_ref(),
+        kind(args.batch_kind),
+    )
+    .map_err(|e| e.to_string())?;
+    let text = format!(
+        "// {}\n// launch: {} threads/block, {} problems/block, {} bytes dynamic shared memory\n{}",
+        spec.name(),
+        kernel.threads_per_block,
+        kernel.schedule.tba,
+        kernel.shared_bytes,
+        kernel.ptx
+    );
+    match &args.output {
+        Some(p) => {
+            std::fs::write(p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))?
+        }
+        None => std::io::stdout()
+            .write_all(text.as_bytes())
+            .map_err(|e| format!("cannot write to standard output: {e}"))?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// cuda.
+    #[arg(long)]
+    isa: String,
+    /// Element type (default: all three in the sweep).
+    #[arg(long, value_enum)]
+    dtype: Option<DtypeArg>,
+    #[command(flatten)]
+    shape: Shape,
+    #[arg(long, default_value_t = 10_000)]
+    batch: usize,
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// Runs `spec` on random data and checks every element against an f64 reference (sentinels
+/// after C, NaN in C for beta = 0); returns (max relative error, tolerance).
+fn verify<T: GpuElement>(
+    gpu: &Gpu,
+    spec: &GemmSpec,
+    batch: usize,
+    seed: u64,
+) -> Result<(f64, f64), String> {
+    let mut rng = SplitMix64::new(seed);
+    let mut random = |n: usize| -> Vec<T> { (0..n).map(|_| T::from_f64(rng.nonzero())).collect() };
+    let a = random(spec.required_len(Operand::A, batch));
+    let b = random(spec.required_len(Operand::B, batch));
+    let clen = spec.required_len(Operand::C, batch);
+    let mut c = random(clen + 16);
+    if spec.beta() == Scalar::Zero {
+        for v in c.iter_mut().take(clen) {
+            *v = T::from_f64(f64::NAN);
+        }
+    }
+    let (alpha, beta) = (
+        spec.alpha().value().unwrap_or(1.25),
+        spec.beta().value().unwrap_or(-0.5),
+    );
+    let e = |e: cuda::CudaError| e.to_string();
+    let (da, db, mut dc) = (
+        gpu.upload(&a).map_err(e)?,
+        gpu.upload(&b).map_err(e)?,
+        gpu.upload(&c).map_err(e)?,
+    );
+    let kernel = gpu.kernel(spec, BatchKind::Strided).map_err(e)?;
+    kernel
+        .launch_strided(gpu.stream(), &da, &db, &mut dc, batch, alpha, beta)
+        .map_err(e)?;
+    let out = gpu.download(&dc).map_err(e)?;
+    let tol = 2.0 * (spec.k() as f64 + 3.0) * spec.dtype().unit_roundoff();
+    let mut worst: f64 = 0.0;
+    for i in (0..batch).step_by((batch / 97).max(1)) {
+        for col in 0..spec.n() {
+            for row in 0..spec.m() {
+                let (mut sum, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..spec.k() {
+                    let x =
+                        a[i * spec.stride(Operand::A) + spec.index(Operand::A, row, p)].to_f64();
+                    let y =
+                        b[i * spec.stride(Operand::B) + spec.index(Operand::B, p, col)].to_f64();
+                    sum += x * y;
+                    mag += (x * y).abs();
+                }
+                let at = i * spec.stride(Operand::C) + spec.index(Operand::C, row, col);
+                let (mut want, mut scale) = (alpha * sum, alpha.abs() * mag);
+                if beta != 0.0 {
+                    want += beta * c[at].to_f64();
+                    scale += (beta * c[at].to_f64()).abs();
+                }
+                let want = T::from_f64(want).to_f64();
+                let err = (out[at].to_f64() - want).abs() / scale.max(f64::MIN_POSITIVE);
+                let err = if err.is_nan() { f64::INFINITY } else { err };
+                worst = worst.max(err);
+            }
+        }
+    }
+    if out[clen..]
+        .iter()
+        .zip(&c[clen..])
+        .any(|(x, y)| x.to_f64().to_bits() != y.to_f64().to_bits())
+    {
+        return Err(format!("{}: the kernel wrote past the last C", spec.name()));
+    }
+    Ok((worst, tol))
+}
+
+fn run(args: &RunArgs) -> Result<ExitCode, String> {
+    if args.isa != "cuda" {
+        return Err(format!("--isa {} is not a GPU (cuda)", args.isa));
+    }
+    let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
+    println!("device {} ({})", gpu.name(), gpu.target().sm);
+    let cases: Vec<GemmSpec> = match args.shape.shape()? {
+        Some(shape) => vec![args
+            .shape
+            .spec(args.dtype.map(Into::into).unwrap_or(Dtype::F64), shape)?],
+        None => {
+            let dtypes: Vec<Dtype> = match args.dtype {
+                Some(d) => vec![d.into()],
+                None => vec![Dtype::F64, Dtype::F32, Dtype::F16],
+            };
+            let mut v = Vec::new();
+            for d in dtypes {
+                let top = if d == Dtype::F16 { 128 } else { 32 };
+                for n in 2..=top {
+                    v.push(args.shape.spec(d, (n, n, n))?);
+                }
+            }
+            v
+        }
+    };
+    let mut failed = 0;
+    for spec in &cases {
+        let r = match spec.dtype() {
+            Dtype::F64 => verify::<f64>(&gpu, spec, args.batch, args.seed),
+            Dtype::F32 => verify::<f32>(&gpu, spec, args.batch, args.seed),
+            Dtype::F16 => verify::<f16>(&gpu, spec, args.batch, args.seed),
+        };
+        match r {
+            Ok((err, tol)) if err <= tol => {
+                println!(
+                    "ok   {} max error {err:.2e} (tolerance {tol:.2e})",
+                    spec.name()
+                )
+            }
+            Ok((err, tol)) => {
+                failed += 1;
+                println!(
+                    "FAIL {} max error {err:.2e} > tolerance {tol:.2e}",
+                    spec.name()
+                )
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAIL {e}")
+            }
+        }
+    }
+    println!("{} of {} passed", cases.len() - failed, cases.len());
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    #[arg(long)]
+    gpu: bool,
+    /// A few sizes per dtype instead of every size.
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Folder for bench.csv and bench.svg.
+    #[arg(long, default_value = "gpu-bench")]
+    out: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+}
+
+fn run_bench(args: &BenchArgs) -> Result<ExitCode, String> {
+    let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
+    let mut cfg = BenchConfig {
+        reps: args.reps,
+        ..BenchConfig::default()
+    };
+    if args.quick {
+        cfg.f64_sizes = vec![2, 4, 8, 16, 24, 32];
+        cfg.f32_sizes = vec![2, 4, 8, 16, 24, 32];
+        cfg.f16_sizes = vec![2, 8, 16, 32, 64, 128];
+    }
+    println!("device {} ({})", gpu.name(), gpu.target().sm);
+    println!("dtype     n     batch  ours GF/s  ours %bound  cuBLAS GF/s  cuBLAS %bound  speedup  schedule");
+    let report = bench::run(&gpu, &cfg, |row, bw| println!("{}", Report::line(row, bw)))
+        .map_err(|e| e.to_string())?;
+    println!(
+        "copy bandwidth {:.0} GB/s; bound = flops / (bytes / bandwidth), bytes = A, B, C read + C written",
+        report.bandwidth / 1e9
+    );
+    std::fs::create_dir_all(&args.out).map_err(|e| e.to_string())?;
+    for (name, text) in [
+        ("bench.txt", report.table()),
+        ("bench.csv", report.csv()),
+        ("bench.svg", report.svg()),
+    ] {
+        let p = args.out.join(name);
+        std::fs::write(&p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    println!("wrote {}/bench.{{txt,csv,svg}}", args.out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args, Debug)]
+struct TuneArgs {
+    #[arg(long)]
+    gpu: bool,
+    /// Element types to tune (default: all three).
+    #[arg(long, value_enum)]
+    dtype: Option<DtypeArg>,
+    /// Square sizes (default: 2..32, and 2..128 step 2 for f16... see --sizes).
+    #[arg(long, value_delimiter = ',')]
+    sizes: Option<Vec<usize>>,
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// The tuning database (JSON) the winners are merged into.
+    #[arg(long, default_value = "gpu-tuning.json")]
+    db: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+}
+
+/// Candidate schedules for a square problem, pruned by the hard limits of the device and
+/// the soft rule of paper 001 (lightweight blocks: 64..=512 threads win for batches).
+pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
+    let p = spec.col_major();
+    let mut out = Vec::new();
+    for (rm, rn) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4)] {
+        for threads in [64u32, 128, 256, 512, 1024] {
+            let mut s = GpuSchedule {
+                rm,
+                rn,
+                tba: 1,
+                mma: None,
+                warps: 1,
+                accumulate: Accumulate::F32,
+            };
+            let tpp = s.fma_threads(&p);
+            s.tba = (threads / tpp).max(1);
+            // Blocks less than half full of threads waste the block's slots.
+            if tpp > threads || s.tba * tpp * 2 <= threads {
+                continue;
+            }
+            if s.validate(&p, target).is_ok() && !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    if spec.dtype() == Dtype::F16 && spec.m().max(spec.n()) >= 8 {
+        for warps in [1, 2, 4, 8] {
+            for tba in [1, 2, 4] {
+                let s = GpuSchedule {
+                    rm: 1,
+                    rn: 1,
+                    tba,
+                    mma: Some(MmaShape::M16N8K16),
+                    warps,
+                    accumulate: Accumulate::F32,
+                };
+                if s.validate(&p, target).is_ok() && warps * tba <= 16 {
+                    out.push(s);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
+    let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
+    let dtypes: Vec<Dtype> = match args.dtype {
+        Some(d) => vec![d.into()],
+        None => vec![Dtype::F64, Dtype::F32, Dtype::F16],
+    };
+    let mut db: serde_json::Map<String, serde_json::Value> = std::fs::read_to_string(&args.db)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    for d in dtypes {
+        let sizes = args.sizes.clone().unwrap_or_else(|| match d {
+            Dtype::F16 => (2..=128).step_by(2).collect(),
+            _ => (2..=32).collect(),
+        });
+        for n in sizes {
+            let spec = GemmSpec::builder(d, n, n, n)
+                .alpha(Scalar::fixed(1.5).map_err(|e| e.to_string())?)
+                .beta(Scalar::fixed(0.5).map_err(|e| e.to_string())?)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let mut best: Option<(f64, GpuSchedule)> = None;
+            let mut line = format!("{} n={n}:", d.name());
+            for s in candidates(&spec, gpu.target()) {
+                match bench::time_schedule(&gpu, d, n, &s, args.reps, 64 << 20) {
+                    Ok(row) => {
+                        let gf = row.flops / row.ours_s / 1e9;
+                        line.push_str(&format!(" [{}]={gf:.0}", short(&s)));
+                        if best.is_none_or(|(b, _)| gf > b) {
+                            best = Some((gf, s));
+                        }
+                    }
+                    Err(e) => line.push_str(&format!(" [{}]=error({e})", short(&s))),
+                }
+            }
+            println!("{line}");
+            if let Some((gf, s)) = best {
+                println!("  best {} at {gf:.0} GFLOP/s", short(&s));
+                let key = format!("gpu/{}/{}", gpu.target().sm, spec.name());
+                db.insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
+            }
+        }
+    }
+    let text = serde_json::to_string_pretty(&db).map_err(|e| e.to_string())?;
+    std::fs::write(&args.db, text)
+        .map_err(|e| format!("cannot write {}: {e}", args.db.display()))?;
+    println!("wrote {}", args.db.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn short(s: &GpuSchedule) -> String {
+    match s.mma {
+        Some(_) => format!("mma w{} tba{}", s.warps, s.tba),
+        None => format!("r{}x{} tba{}", s.rm, s.rn, s.tba),
+    }
+}

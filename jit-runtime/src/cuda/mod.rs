@@ -1,0 +1,587 @@
+//! The CUDA runtime (feature `cuda`): PTX kernels from `smallgemm-codegen-ptx`, loaded
+//! through the driver API (cudarc, loaded dynamically: the library builds and runs without
+//! CUDA installed and reports [`CudaError::NoDriver`] instead of panicking).
+//!
+//! ```no_run
+//! use smallgemm::cuda::{BatchKind, Gpu};
+//! use smallgemm::{Dtype, GemmSpec, Scalar};
+//!
+//! # fn main() -> Result<(), smallgemm::cuda::CudaError> {
+//! let gpu = Gpu::new(0)?; // Err(NoDriver) on a machine without a GPU
+//! let spec = GemmSpec::builder(Dtype::F64, 8, 8, 8).beta(Scalar::Runtime).build()?;
+//! let batch = 1000;
+//! let a = gpu.upload(&vec![1.0f64; 64 * batch])?;
+//! let b = gpu.upload(&vec![2.0f64; 64 * batch])?;
+//! let mut c = gpu.upload(&vec![0.5f64; 64 * batch])?;
+//! let kernel = gpu.kernel(&spec, BatchKind::Strided)?; // compiled once per (spec, device)
+//! kernel.launch_strided(gpu.stream(), &a, &b, &mut c, batch, 1.0, 2.0)?;
+//! let c = gpu.download(&c)?;
+//! assert_eq!(c[0], 8.0 * 2.0 + 1.0);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod bench;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
+};
+use smallgemm_ir::{Dtype, GemmSpec, GpuSchedule, GpuTarget, Operand, Sm, SpecError};
+use thiserror::Error;
+
+pub use cudarc;
+pub use half::f16;
+pub use smallgemm_codegen_ptx::{BatchKind, ExtraParam, PtxError, PtxKernel};
+
+/// Why a GPU operation failed.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum CudaError {
+    #[error("no CUDA driver (libcuda.so cannot be loaded): the GPU backend is unavailable")]
+    NoDriver,
+    #[error("no cuBLAS library (libcublas.so.13/.12 cannot be loaded)")]
+    NoCublas,
+    #[error("CUDA device {ordinal} does not exist ({count} found)")]
+    NoDevice { ordinal: usize, count: usize },
+    #[error(
+        "compute capability {major}.{minor} is below 8.0; smallgemm's PTX needs sm_80 or later"
+    )]
+    Architecture { major: i32, minor: i32 },
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    #[error("cuBLAS: {0}")]
+    Cublas(String),
+    #[error("invalid GEMM: {0}")]
+    Spec(#[from] SpecError),
+    #[error("cannot generate the kernel: {0}")]
+    Ptx(#[from] PtxError),
+    #[error("the kernel computes {kernel:?} but the buffers hold {given:?}")]
+    DtypeMismatch { kernel: Dtype, given: Dtype },
+    #[error("the kernel was compiled for {kind:?} batches, not {called:?}")]
+    KindMismatch { kind: BatchKind, called: BatchKind },
+    #[error("the kernel was compiled for {which} = {compiled}, but {which} = {given} was passed")]
+    ScalarMismatch {
+        which: &'static str,
+        compiled: f64,
+        given: f64,
+    },
+    #[error("{what} holds {len} elements; a batch of {batch} needs {required}")]
+    BufferTooShort {
+        what: String,
+        len: usize,
+        required: usize,
+        batch: usize,
+    },
+    #[error("problem {index} of the variable-size batch: {reason}")]
+    Dims { index: usize, reason: String },
+    #[error("a batch of {0} problems exceeds the 2^31 - 1 a launch addresses")]
+    BatchTooLarge(usize),
+}
+
+impl From<cudarc::driver::DriverError> for CudaError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        CudaError::Driver(e.to_string())
+    }
+}
+
+impl From<cudarc::cublas::result::CublasError> for CudaError {
+    fn from(e: cudarc::cublas::result::CublasError) -> Self {
+        CudaError::Cublas(e.to_string())
+    }
+}
+
+/// Element types of GPU buffers: f64, f32 and [`f16`].
+pub trait GpuElement:
+    DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static
+{
+    const DTYPE: Dtype;
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+}
+
+impl GpuElement for f64 {
+    const DTYPE: Dtype = Dtype::F64;
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+}
+
+impl GpuElement for f32 {
+    const DTYPE: Dtype = Dtype::F32;
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl GpuElement for f16 {
+    const DTYPE: Dtype = Dtype::F16;
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+}
+
+/// True when the CUDA driver library can be loaded (probing never panics).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// True when cuBLAS can be loaded.
+pub fn cublas_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { cudarc::cublas::sys::is_culib_present() }
+}
+
+/// Number of CUDA devices; `Err(NoDriver)` without a driver.
+pub fn device_count() -> Result<usize, CudaError> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    Ok(CudaContext::device_count()?.max(0) as usize)
+}
+
+type CacheKey = (GemmSpec, BatchKind, Option<GpuSchedule>);
+
+/// One CUDA device: its context, a default stream, and the kernels compiled for it.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    target: GpuTarget,
+    name: String,
+    cache: Mutex<HashMap<CacheKey, Arc<GpuKernel>>>,
+    compilations: AtomicUsize,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Gpu({} {}, {})",
+            self.ctx.ordinal(),
+            self.name,
+            self.target.sm
+        )
+    }
+}
+
+impl Gpu {
+    /// Opens device `ordinal`. Fails cleanly without a driver, device or sm_80.
+    pub fn new(ordinal: usize) -> Result<Gpu, CudaError> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let (major, minor) = ctx.compute_capability()?;
+        let sm = Sm::from_compute_capability(major.max(0) as u32, minor.max(0) as u32)
+            .ok_or(CudaError::Architecture { major, minor })?;
+        let mut target = GpuTarget::new(sm);
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        if let Ok(v) = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN) {
+            target.shared_bytes_per_block = v.max(48 * 1024) as usize;
+        }
+        let name = ctx.name()?;
+        let stream = ctx.default_stream();
+        Ok(Gpu {
+            ctx,
+            stream,
+            target,
+            name,
+            cache: Mutex::new(HashMap::new()),
+            compilations: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn target(&self) -> &GpuTarget {
+        &self.target
+    }
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// The default stream: launches through it are ordered with the uploads and downloads.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// A new stream for concurrent work.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>, CudaError> {
+        Ok(self.ctx.new_stream()?)
+    }
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        Ok(self.stream.synchronize()?)
+    }
+    /// Copies `data` to a new device buffer.
+    pub fn upload<T: GpuElement>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        Ok(self.stream.clone_htod(data)?)
+    }
+    /// Copies raw u64 / u32 data (pointer arrays, dims) to the device.
+    pub fn upload_raw<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        Ok(self.stream.clone_htod(data)?)
+    }
+    /// A zeroed device buffer of `len` elements.
+    pub fn alloc<T: GpuElement>(&self, len: usize) -> Result<CudaSlice<T>, CudaError> {
+        Ok(self.stream.alloc_zeros(len)?)
+    }
+    /// Copies a device buffer back.
+    pub fn download<T: GpuElement>(&self, data: &CudaSlice<T>) -> Result<Vec<T>, CudaError> {
+        Ok(self.stream.clone_dtoh(data)?)
+    }
+
+    /// The kernel for `spec` and `kind` with the planned schedule, compiled on first use.
+    pub fn kernel(&self, spec: &GemmSpec, kind: BatchKind) -> Result<Arc<GpuKernel>, CudaError> {
+        self.get_or_compile((*spec, kind, None))
+    }
+
+    /// The kernel with an explicit schedule (for tuning), cached separately.
+    pub fn kernel_with_schedule(
+        &self,
+        spec: &GemmSpec,
+        kind: BatchKind,
+        schedule: &GpuSchedule,
+    ) -> Result<Arc<GpuKernel>, CudaError> {
+        self.get_or_compile((*spec, kind, Some(*schedule)))
+    }
+
+    /// Kernels compiled so far (cache misses).
+    pub fn compilations(&self) -> usize {
+        self.compilations.load(Ordering::Relaxed)
+    }
+
+    fn get_or_compile(&self, key: CacheKey) -> Result<Arc<GpuKernel>, CudaError> {
+        // A poisoned lock only means another thread panicked mid-insert; the map is intact.
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = cache.get(&key) {
+            return Ok(k.clone());
+        }
+        let (spec, kind, schedule) = key;
+        let ptx = smallgemm_codegen_ptx::generate(&spec, &self.target, schedule.as_ref(), kind)?;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx.clone()))?;
+        let func = module.load_function(&ptx.entry)?;
+        if ptx.shared_bytes > 48 * 1024 {
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                ptx.shared_bytes as i32,
+            )?;
+        }
+        self.compilations.fetch_add(1, Ordering::Relaxed);
+        let kernel = Arc::new(GpuKernel {
+            spec,
+            ptx,
+            func,
+            _module: module,
+        });
+        cache.insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
+    /// Runs several strided batches (of possibly different specs) back to back on `stream`.
+    pub fn launch_grouped<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        groups: &mut [Group<'_, T>],
+    ) -> Result<(), CudaError> {
+        for g in groups.iter_mut() {
+            let k = self.kernel(&g.spec, BatchKind::Strided)?;
+            k.launch_strided(stream, g.a, g.b, g.c, g.batch, g.alpha, g.beta)?;
+        }
+        Ok(())
+    }
+}
+
+/// One strided batch of a grouped launch.
+pub struct Group<'a, T: GpuElement> {
+    pub spec: GemmSpec,
+    pub a: &'a CudaSlice<T>,
+    pub b: &'a CudaSlice<T>,
+    pub c: &'a mut CudaSlice<T>,
+    pub batch: usize,
+    pub alpha: f64,
+    pub beta: f64,
+}
+
+/// A loaded kernel: launch it on any stream of its device.
+pub struct GpuKernel {
+    spec: GemmSpec,
+    ptx: PtxKernel,
+    func: CudaFunction,
+    _module: Arc<CudaModule>,
+}
+
+impl std::fmt::Debug for GpuKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuKernel({})", self.ptx.entry)
+    }
+}
+
+impl GpuKernel {
+    pub fn spec(&self) -> &GemmSpec {
+        &self.spec
+    }
+    /// The generated PTX and its launch geometry.
+    pub fn ptx(&self) -> &PtxKernel {
+        &self.ptx
+    }
+
+    fn config(&self, batch: usize) -> Result<LaunchConfig, CudaError> {
+        let blocks = u32::try_from(self.ptx.blocks(batch))
+            .ok()
+            .filter(|&b| b < i32::MAX as u32)
+            .ok_or(CudaError::BatchTooLarge(batch))?;
+        Ok(LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (self.ptx.threads_per_block, 1, 1),
+            shared_mem_bytes: self.ptx.shared_bytes as u32,
+        })
+    }
+
+    fn check<T: GpuElement>(
+        &self,
+        kind: BatchKind,
+        alpha: f64,
+        beta: f64,
+    ) -> Result<(), CudaError> {
+        if T::DTYPE != self.spec.dtype() {
+            return Err(CudaError::DtypeMismatch {
+                kernel: self.spec.dtype(),
+                given: T::DTYPE,
+            });
+        }
+        if kind != self.ptx.kind {
+            return Err(CudaError::KindMismatch {
+                kind: self.ptx.kind,
+                called: kind,
+            });
+        }
+        for (which, s, v) in [
+            ("alpha", self.spec.alpha(), alpha),
+            ("beta", self.spec.beta(), beta),
+        ] {
+            if let Some(compiled) = s.value() {
+                // Fixed kinds are baked in: the value passed must be that value.
+                if compiled != v {
+                    return Err(CudaError::ScalarMismatch {
+                        which,
+                        compiled,
+                        given: v,
+                    });
+                }
+            } else if !v.is_finite() {
+                return Err(CudaError::Spec(SpecError::NonFiniteScalar { value: v }));
+            }
+        }
+        Ok(())
+    }
+
+    fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        pointers: [u64; 3],
+        dims: Option<u64>,
+        batch: usize,
+        alpha: f64,
+        beta: f64,
+    ) -> Result<(), CudaError> {
+        if batch == 0 {
+            return Ok(());
+        }
+        let cfg = self.config(batch)?;
+        let batch32 = batch as u32;
+        let wide = self.spec.dtype() == Dtype::F64;
+        let (a32, b32) = (alpha as f32, beta as f32);
+        let mut lb = stream.launch_builder(&self.func);
+        lb.arg(&pointers[0]).arg(&pointers[1]).arg(&pointers[2]);
+        if let Some(d) = &dims {
+            lb.arg(d);
+        }
+        lb.arg(&batch32);
+        for p in &self.ptx.extra {
+            match (p, wide) {
+                (ExtraParam::Alpha, true) => lb.arg(&alpha),
+                (ExtraParam::Alpha, false) => lb.arg(&a32),
+                (ExtraParam::Beta, true) => lb.arg(&beta),
+                (ExtraParam::Beta, false) => lb.arg(&b32),
+                (ExtraParam::Dims, _) => &mut lb,
+            };
+        }
+        // SAFETY: the argument list matches the entry's parameters (generated together);
+        // callers checked (or, for the raw entry points, promised) the buffers' extents.
+        unsafe { lb.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// C_i = alpha op(A_i) op(B_i) + beta C_i for the strided batch, checked: dtype, batch
+    /// kind, scalar kinds and buffer lengths. Asynchronous on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_strided<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<T>,
+        b: &CudaSlice<T>,
+        c: &mut CudaSlice<T>,
+        batch: usize,
+        alpha: f64,
+        beta: f64,
+    ) -> Result<(), CudaError> {
+        self.check::<T>(BatchKind::Strided, alpha, beta)?;
+        if batch > i32::MAX as usize {
+            return Err(CudaError::BatchTooLarge(batch));
+        }
+        for (operand, len) in [
+            (Operand::A, a.len()),
+            (Operand::B, b.len()),
+            (Operand::C, c.len()),
+        ] {
+            let required = self.spec.required_len(operand, batch);
+            if len < required {
+                return Err(CudaError::BufferTooShort {
+                    what: operand.to_string(),
+                    len,
+                    required,
+                    batch,
+                });
+            }
+        }
+        let (pa, _ga) = cudarc::driver::DevicePtr::device_ptr(a, stream);
+        let (pb, _gb) = cudarc::driver::DevicePtr::device_ptr(b, stream);
+        let (pc, _gc) = cudarc::driver::DevicePtrMut::device_ptr_mut(c, stream);
+        self.launch(stream, [pa, pb, pc], None, batch, alpha, beta)
+    }
+
+    /// Pointer-array batch: `a_ptrs[i]`, `b_ptrs[i]`, `c_ptrs[i]` are device pointers to
+    /// matrix i with the spec's leading dimensions.
+    ///
+    /// # Safety
+    /// Every pointer must address a matrix of the spec's extent on this device, and the C
+    /// matrices must not overlap.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_pointer_array<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        a_ptrs: &CudaSlice<u64>,
+        b_ptrs: &CudaSlice<u64>,
+        c_ptrs: &CudaSlice<u64>,
+        batch: usize,
+        alpha: f64,
+        beta: f64,
+    ) -> Result<(), CudaError> {
+        self.check::<T>(BatchKind::PointerArray, alpha, beta)?;
+        check_arrays(a_ptrs, b_ptrs, c_ptrs, batch)?;
+        let (pa, _ga) = cudarc::driver::DevicePtr::device_ptr(a_ptrs, stream);
+        let (pb, _gb) = cudarc::driver::DevicePtr::device_ptr(b_ptrs, stream);
+        let (pc, _gc) = cudarc::driver::DevicePtr::device_ptr(c_ptrs, stream);
+        self.launch(stream, [pa, pb, pc], None, batch, alpha, beta)
+    }
+
+    /// Variable-size batch: pointer arrays plus six u32 per problem in `dims` (`m, n, k,
+    /// lda, ldb, ldc`, each size at most the spec's; see [`check_dims`]).
+    ///
+    /// # Safety
+    /// As [`Self::launch_pointer_array`], with each matrix of its own problem's extent.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_variable<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        a_ptrs: &CudaSlice<u64>,
+        b_ptrs: &CudaSlice<u64>,
+        c_ptrs: &CudaSlice<u64>,
+        dims: &CudaSlice<u32>,
+        batch: usize,
+        alpha: f64,
+        beta: f64,
+    ) -> Result<(), CudaError> {
+        self.check::<T>(BatchKind::VariableSize, alpha, beta)?;
+        check_arrays(a_ptrs, b_ptrs, c_ptrs, batch)?;
+        if dims.len() < 6 * batch {
+            return Err(CudaError::BufferTooShort {
+                what: "dims".into(),
+                len: dims.len(),
+                required: 6 * batch,
+                batch,
+            });
+        }
+        let (pa, _ga) = cudarc::driver::DevicePtr::device_ptr(a_ptrs, stream);
+        let (pb, _gb) = cudarc::driver::DevicePtr::device_ptr(b_ptrs, stream);
+        let (pc, _gc) = cudarc::driver::DevicePtr::device_ptr(c_ptrs, stream);
+        let (pd, _gd) = cudarc::driver::DevicePtr::device_ptr(dims, stream);
+        self.launch(stream, [pa, pb, pc], Some(pd), batch, alpha, beta)
+    }
+}
+
+fn check_arrays(
+    a: &CudaSlice<u64>,
+    b: &CudaSlice<u64>,
+    c: &CudaSlice<u64>,
+    batch: usize,
+) -> Result<(), CudaError> {
+    if batch > i32::MAX as usize {
+        return Err(CudaError::BatchTooLarge(batch));
+    }
+    for (what, len) in [
+        ("a_ptrs", a.len()),
+        ("b_ptrs", b.len()),
+        ("c_ptrs", c.len()),
+    ] {
+        if len < batch {
+            return Err(CudaError::BufferTooShort {
+                what: what.into(),
+                len,
+                required: batch,
+                batch,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks host-side variable-size dims (`m, n, k, lda, ldb, ldc` per problem) against the
+/// spec's maxima and transposes/layout: what [`GpuKernel::launch_variable`] relies on.
+pub fn check_dims(spec: &GemmSpec, dims: &[u32]) -> Result<(), CudaError> {
+    for (index, d) in dims.chunks(6).enumerate() {
+        let fail = |reason: String| Err(CudaError::Dims { index, reason });
+        if d.len() < 6 {
+            return fail("fewer than six values".into());
+        }
+        let (m, n, k) = (d[0] as usize, d[1] as usize, d[2] as usize);
+        if m > spec.m() || n > spec.n() || k > spec.k() {
+            return fail(format!(
+                "{m}x{n}x{k} exceeds the kernel's {}x{}x{}",
+                spec.m(),
+                spec.n(),
+                spec.k()
+            ));
+        }
+        if m == 0 || n == 0 || k == 0 {
+            continue;
+        }
+        let sub = GemmSpec::builder(spec.dtype(), m, n, k)
+            .layout(spec.layout())
+            .trans_a(spec.trans_a())
+            .trans_b(spec.trans_b())
+            .lda(d[3] as usize)
+            .ldb(d[4] as usize)
+            .ldc(d[5] as usize)
+            .build();
+        if let Err(e) = sub {
+            return fail(e.to_string());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,583 @@
+//! GPU correctness matrix: random operands, sentinels in C's padding and between batch
+//! entries, NaN in C for beta = 0, every transpose and layout, alpha/beta kinds, strided,
+//! pointer-array, variable-size and grouped launches; f16 against an f64 reference with an
+//! f16 tolerance. Without a CUDA driver or device (CI) each test prints that it was skipped.
+
+#![cfg(feature = "cuda")]
+
+use smallgemm::cuda::cudarc::driver::{CudaSlice, DevicePtr};
+use smallgemm::cuda::{self, f16, BatchKind, CudaError, Gpu, GpuElement, Group};
+use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
+use smallgemm_ir::reference::{SplitMix64, TestData};
+
+fn gpu(test: &str) -> Option<Gpu> {
+    match Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e @ (CudaError::NoDriver | CudaError::NoDevice { .. })) => {
+            println!("{test}: skipped, no GPU ({e})");
+            None
+        }
+        Err(e) => panic!("{test}: cannot open the GPU: {e}"),
+    }
+}
+
+/// Values of alpha/beta the kernels receive for each kind.
+fn value(s: Scalar, runtime: f64) -> f64 {
+    s.value().unwrap_or(runtime)
+}
+
+fn specs(dtype: Dtype) -> Vec<GemmSpec> {
+    let mut out = Vec::new();
+    let sizes: Vec<(usize, usize, usize)> = match dtype {
+        Dtype::F16 => vec![
+            (1, 1, 1),
+            (2, 3, 4),
+            (5, 5, 5),
+            (8, 8, 8),
+            (9, 7, 12),
+            (10, 10, 10),
+            (16, 16, 16),
+            (17, 9, 33),
+            (24, 24, 24),
+            (32, 32, 32),
+            (40, 8, 20),
+            (64, 64, 64),
+            (100, 37, 50),
+            (128, 128, 128),
+        ],
+        _ => vec![
+            (1, 1, 1),
+            (2, 2, 2),
+            (3, 5, 7),
+            (4, 4, 4),
+            (8, 8, 8),
+            (7, 16, 3),
+            (12, 12, 12),
+            (16, 16, 16),
+            (17, 19, 20),
+            (21, 21, 21),
+            (24, 24, 24),
+            (25, 30, 27),
+            (31, 33, 32),
+            (32, 32, 32),
+            (1, 32, 5),
+        ],
+    };
+    let scalars = [
+        (Scalar::One, Scalar::Zero),
+        (Scalar::Runtime, Scalar::Runtime),
+        (Scalar::MinusOne, Scalar::One),
+        (Scalar::fixed(1.5).unwrap(), Scalar::MinusOne),
+        (Scalar::One, Scalar::fixed(0.5).unwrap()),
+    ];
+    for (i, &(m, n, k)) in sizes.iter().enumerate() {
+        for (j, (ta, tb)) in [
+            (Trans::N, Trans::N),
+            (Trans::T, Trans::N),
+            (Trans::N, Trans::T),
+            (Trans::T, Trans::T),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (alpha, beta) = scalars[(i + j) % scalars.len()];
+            let layout = if (i + j) % 3 == 2 {
+                Layout::RowMajor
+            } else {
+                Layout::ColMajor
+            };
+            let mut b = GemmSpec::builder(dtype, m, n, k)
+                .trans_a(ta)
+                .trans_b(tb)
+                .layout(layout)
+                .alpha(alpha)
+                .beta(beta);
+            if (i + j) % 2 == 1 {
+                // Padded leading dimensions and a gap between the C matrices.
+                let base = GemmSpec::builder(dtype, m, n, k)
+                    .trans_a(ta)
+                    .trans_b(tb)
+                    .layout(layout)
+                    .build()
+                    .unwrap();
+                let pad = |o: Operand| base.ld(o) + 3;
+                b = b
+                    .lda(pad(Operand::A))
+                    .ldb(pad(Operand::B))
+                    .ldc(pad(Operand::C));
+                let probe = b.build().unwrap();
+                b = b.stride_c(probe.footprint(Operand::C) + 5);
+            }
+            out.push(b.build().unwrap());
+        }
+    }
+    out
+}
+
+fn run_f<T: GpuElement + smallgemm::Element>(
+    gpu: &Gpu,
+    spec: &GemmSpec,
+    seed: u64,
+) -> Result<(), String> {
+    let batch = 37 + (seed as usize % 50);
+    let mut data = TestData::<T>::new(spec, batch, seed);
+    let (alpha, beta) = (value(spec.alpha(), 1.25), value(spec.beta(), -0.75));
+    let err = |e: CudaError| format!("{}: {e}", spec.name());
+    let a = gpu.upload(&data.a).map_err(err)?;
+    let b = gpu.upload(&data.b).map_err(err)?;
+    let mut c = gpu.upload(data.c_mut()).map_err(err)?;
+    let k = gpu.kernel(spec, BatchKind::Strided).map_err(err)?;
+    k.launch_strided(gpu.stream(), &a, &b, &mut c, batch, alpha, beta)
+        .map_err(err)?;
+    let out = gpu.download(&c).map_err(err)?;
+    data.c_mut().copy_from_slice(&out);
+    let report = data.check(alpha, beta);
+    match report.failure {
+        None => Ok(()),
+        Some(f) => Err(format!(
+            "{} (seed {seed}, {:?}): {f}",
+            spec.name(),
+            k.ptx().schedule
+        )),
+    }
+}
+
+#[test]
+fn f64_and_f32_strided_match_the_reference() {
+    let Some(gpu) = gpu("f64_and_f32_strided") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for (i, spec) in specs(Dtype::F64).iter().enumerate() {
+        count += 1;
+        if let Err(e) = run_f::<f64>(&gpu, spec, i as u64) {
+            failures.push(e);
+        }
+    }
+    for (i, spec) in specs(Dtype::F32).iter().enumerate() {
+        count += 1;
+        if let Err(e) = run_f::<f32>(&gpu, spec, 1000 + i as u64) {
+            failures.push(e);
+        }
+    }
+    println!("{count} f64/f32 specs checked, {} failed", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_square_size_matches() {
+    let Some(gpu) = gpu("every_square_size") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    for n in 1..=40 {
+        for (d, seed) in [(Dtype::F64, 1), (Dtype::F32, 2)] {
+            let spec = GemmSpec::builder(d, n, n, n)
+                .alpha(Scalar::fixed(1.5).unwrap())
+                .beta(Scalar::fixed(0.5).unwrap())
+                .build()
+                .unwrap();
+            let r = match d {
+                Dtype::F64 => run_f::<f64>(&gpu, &spec, seed + n as u64),
+                _ => run_f::<f32>(&gpu, &spec, seed + n as u64),
+            };
+            if let Err(e) = r {
+                failures.push(e);
+            }
+        }
+    }
+    for n in 1..=128 {
+        let spec = GemmSpec::builder(Dtype::F16, n, n, n)
+            .alpha(Scalar::fixed(1.5).unwrap())
+            .beta(Scalar::fixed(0.5).unwrap())
+            .build()
+            .unwrap();
+        if let Err(e) = run_f16(&gpu, &spec, n as u64, BatchKind::Strided) {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// f16 sentinel: any value the kernel cannot produce by accident.
+const H_SENTINEL: f64 = -777.0;
+
+/// f16 harness: operands rounded to f16, reference in f64 from the same f16 values (the
+/// products are exact; the f64 sum is far more accurate than the f16 tolerance).
+fn run_f16(gpu: &Gpu, spec: &GemmSpec, seed: u64, kind: BatchKind) -> Result<(), String> {
+    let batch = 21 + (seed as usize % 30);
+    let mut rng = SplitMix64::new(seed);
+    let mut random =
+        |n: usize| -> Vec<f16> { (0..n).map(|_| f16::from_f64(rng.nonzero())).collect() };
+    let a = random(spec.required_len(Operand::A, batch));
+    let b = random(spec.required_len(Operand::B, batch));
+    let clen = spec.required_len(Operand::C, batch) + 64;
+    let mut c = vec![f16::from_f64(H_SENTINEL); clen];
+    let fill = random(spec.m() * spec.n() * batch);
+    let nan_c = spec.beta() == Scalar::Zero;
+    let mut inside = vec![false; clen];
+    for i in 0..batch {
+        for col in 0..spec.n() {
+            for row in 0..spec.m() {
+                let at = i * spec.stride(Operand::C) + spec.index(Operand::C, row, col);
+                c[at] = if nan_c {
+                    f16::NAN
+                } else {
+                    fill[(i * spec.n() + col) * spec.m() + row]
+                };
+                inside[at] = true;
+            }
+        }
+    }
+    let before = c.clone();
+    let (alpha, beta) = (value(spec.alpha(), 1.25), value(spec.beta(), -0.75));
+    let err = |e: CudaError| format!("{}: {e}", spec.name());
+    let da = gpu.upload(&a).map_err(err)?;
+    let db = gpu.upload(&b).map_err(err)?;
+    let mut dc = gpu.upload(&c).map_err(err)?;
+    let k = gpu.kernel(spec, kind).map_err(err)?;
+    match kind {
+        BatchKind::Strided => k
+            .launch_strided(gpu.stream(), &da, &db, &mut dc, batch, alpha, beta)
+            .map_err(err)?,
+        _ => {
+            let (pa, pb, pc) = pointer_arrays(gpu, spec, batch, &da, &db, &dc).map_err(err)?;
+            // SAFETY: pointers address the spec's matrices inside the uploaded buffers.
+            unsafe {
+                k.launch_pointer_array::<f16>(gpu.stream(), &pa, &pb, &pc, batch, alpha, beta)
+            }
+            .map_err(err)?
+        }
+    }
+    let out = gpu.download(&dc).map_err(err)?;
+    let tol = 2.0 * (spec.k() as f64 + 3.0) * Dtype::F16.unit_roundoff();
+    for i in 0..batch {
+        for col in 0..spec.n() {
+            for row in 0..spec.m() {
+                let (mut sum, mut mag) = (0.0f64, 0.0f64);
+                for p in 0..spec.k() {
+                    let x =
+                        a[i * spec.stride(Operand::A) + spec.index(Operand::A, row, p)].to_f64();
+                    let y =
+                        b[i * spec.stride(Operand::B) + spec.index(Operand::B, p, col)].to_f64();
+                    sum += x * y;
+                    mag += (x * y).abs();
+                }
+                let at = i * spec.stride(Operand::C) + spec.index(Operand::C, row, col);
+                let mut exact = alpha * sum;
+                let mut scale = alpha.abs() * mag;
+                if beta != 0.0 {
+                    exact += beta * before[at].to_f64();
+                    scale += (beta * before[at].to_f64()).abs();
+                }
+                let got = out[at].to_f64();
+                let rounded = f16::from_f64(exact).to_f64();
+                let e = (got - rounded).abs() / scale.max(f64::MIN_POSITIVE);
+                // NaN (a leaked NaN from C) fails too.
+                if e.is_nan() || e > tol {
+                    return Err(format!(
+                        "{} ({:?}): C[{row},{col}] of {i}: got {got}, expected {exact} (error {e:.3e} > {tol:.3e})",
+                        spec.name(),
+                        k.ptx().schedule
+                    ));
+                }
+            }
+        }
+    }
+    for (i, (now, was)) in out.iter().zip(&before).enumerate() {
+        if !inside[i] && now.to_bits() != was.to_bits() {
+            return Err(format!(
+                "{}: element {i} outside every C changed from {was} to {now}",
+                spec.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn f16_matches_the_reference() {
+    let Some(gpu) = gpu("f16") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let all = specs(Dtype::F16);
+    for (i, spec) in all.iter().enumerate() {
+        let kind = if i % 4 == 3 {
+            BatchKind::PointerArray
+        } else {
+            BatchKind::Strided
+        };
+        if let Err(e) = run_f16(&gpu, spec, 500 + i as u64, kind) {
+            failures.push(e);
+        }
+    }
+    println!("{} f16 specs checked, {} failed", all.len(), failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+type Pointers = (CudaSlice<u64>, CudaSlice<u64>, CudaSlice<u64>);
+
+fn pointer_arrays<T: GpuElement>(
+    gpu: &Gpu,
+    spec: &GemmSpec,
+    batch: usize,
+    a: &CudaSlice<T>,
+    b: &CudaSlice<T>,
+    c: &CudaSlice<T>,
+) -> Result<Pointers, CudaError> {
+    let elt = spec.dtype().size() as u64;
+    let s = gpu.stream();
+    let (ba, bb, bc) = (a.device_ptr(s).0, b.device_ptr(s).0, c.device_ptr(s).0);
+    // Reverse order: pointer arrays need not follow memory order.
+    let at = |base: u64, o: Operand| -> Vec<u64> {
+        (0..batch)
+            .rev()
+            .map(|i| base + (i * spec.stride(o)) as u64 * elt)
+            .collect()
+    };
+    let (pa, pb, pc) = (at(ba, Operand::A), at(bb, Operand::B), at(bc, Operand::C));
+    Ok((
+        gpu.upload_raw(&pa)?,
+        gpu.upload_raw(&pb)?,
+        gpu.upload_raw(&pc)?,
+    ))
+}
+
+#[test]
+fn pointer_arrays_match() {
+    let Some(gpu) = gpu("pointer_arrays") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    for (i, spec) in specs(Dtype::F64)
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 == 0)
+    {
+        let batch = 45;
+        let mut data = TestData::<f64>::new(spec, batch, 77 + i as u64);
+        let (alpha, beta) = (value(spec.alpha(), 1.25), value(spec.beta(), -0.75));
+        let r = (|| -> Result<(), CudaError> {
+            let a = gpu.upload(&data.a)?;
+            let b = gpu.upload(&data.b)?;
+            let c = gpu.upload(data.c_mut())?;
+            let (pa, pb, pc) = pointer_arrays(&gpu, spec, batch, &a, &b, &c)?;
+            let k = gpu.kernel(spec, BatchKind::PointerArray)?;
+            // SAFETY: pointers address the spec's matrices inside the uploaded buffers.
+            unsafe {
+                k.launch_pointer_array::<f64>(gpu.stream(), &pa, &pb, &pc, batch, alpha, beta)?
+            };
+            let out = gpu.download(&c)?;
+            data.c_mut().copy_from_slice(&out);
+            Ok(())
+        })();
+        if let Err(e) = r {
+            failures.push(format!("{}: {e}", spec.name()));
+            continue;
+        }
+        if let Some(f) = data.check(alpha, beta).failure {
+            failures.push(format!("{}: {f}", spec.name()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn variable_size_batches_match() {
+    let Some(gpu) = gpu("variable_size") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    for (dtype, layout, ta, tb) in [
+        (Dtype::F64, Layout::ColMajor, Trans::N, Trans::N),
+        (Dtype::F64, Layout::RowMajor, Trans::T, Trans::N),
+        (Dtype::F32, Layout::ColMajor, Trans::N, Trans::T),
+        (Dtype::F32, Layout::RowMajor, Trans::T, Trans::T),
+    ] {
+        for (alpha, beta) in [
+            (Scalar::One, Scalar::Zero),
+            (Scalar::Runtime, Scalar::Runtime),
+        ] {
+            let max = 32;
+            let spec = GemmSpec::builder(dtype, max, max, max)
+                .layout(layout)
+                .trans_a(ta)
+                .trans_b(tb)
+                .alpha(alpha)
+                .beta(beta)
+                .build()
+                .unwrap();
+            if let Err(e) = match dtype {
+                Dtype::F64 => variable::<f64>(&gpu, &spec),
+                _ => variable::<f32>(&gpu, &spec),
+            } {
+                failures.push(e);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Each problem is its own tight spec, checked with TestData; all run in one launch.
+fn variable<T: GpuElement + smallgemm::Element>(gpu: &Gpu, spec: &GemmSpec) -> Result<(), String> {
+    let mut rng = SplitMix64::new(spec.m() as u64 + 99);
+    let (alpha, beta) = (value(spec.alpha(), 1.25), value(spec.beta(), -0.75));
+    let mut problems = Vec::new();
+    let mut dims = Vec::new();
+    for i in 0..200 {
+        let mut pick = |max: usize| 1 + (rng.next_u64() % max as u64) as usize;
+        let (m, n, k) = (pick(spec.m()), pick(spec.n()), pick(spec.k()));
+        let sub = GemmSpec::builder(spec.dtype(), m, n, k)
+            .layout(spec.layout())
+            .trans_a(spec.trans_a())
+            .trans_b(spec.trans_b())
+            .alpha(spec.alpha())
+            .beta(spec.beta())
+            .build()
+            .unwrap();
+        dims.extend(
+            [
+                m,
+                n,
+                k,
+                sub.ld(Operand::A),
+                sub.ld(Operand::B),
+                sub.ld(Operand::C),
+            ]
+            .map(|v| v as u32),
+        );
+        problems.push(TestData::<T>::new(&sub, 1, 3000 + i));
+    }
+    cuda::check_dims(spec, &dims).map_err(|e| e.to_string())?;
+    let err = |e: CudaError| format!("{}: {e}", spec.name());
+    let mut bufs = Vec::new();
+    for p in problems.iter_mut() {
+        bufs.push((
+            gpu.upload(&p.a).map_err(err)?,
+            gpu.upload(&p.b).map_err(err)?,
+            gpu.upload(p.c_mut()).map_err(err)?,
+        ));
+    }
+    let s = gpu.stream();
+    let pa: Vec<u64> = bufs.iter().map(|b| b.0.device_ptr(s).0).collect();
+    let pb: Vec<u64> = bufs.iter().map(|b| b.1.device_ptr(s).0).collect();
+    let pc: Vec<u64> = bufs.iter().map(|b| b.2.device_ptr(s).0).collect();
+    let (da, db, dc) = (
+        gpu.upload_raw(&pa).map_err(err)?,
+        gpu.upload_raw(&pb).map_err(err)?,
+        gpu.upload_raw(&pc).map_err(err)?,
+    );
+    let dd = gpu.upload_raw(&dims).map_err(err)?;
+    let k = gpu.kernel(spec, BatchKind::VariableSize).map_err(err)?;
+    // SAFETY: each pointer addresses its own problem's buffers, checked by check_dims.
+    unsafe { k.launch_variable::<T>(s, &da, &db, &dc, &dd, problems.len(), alpha, beta) }
+        .map_err(err)?;
+    for (p, b) in problems.iter_mut().zip(&bufs) {
+        let out = gpu.download(&b.2).map_err(err)?;
+        p.c_mut().copy_from_slice(&out);
+        if let Some(f) = p.check(alpha, beta).failure {
+            return Err(format!(
+                "{} in variable batch {}: {f}",
+                p.spec.name(),
+                spec.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn grouped_launches_and_streams() {
+    let Some(gpu) = gpu("grouped") else {
+        return;
+    };
+    let stream = gpu.new_stream().unwrap();
+    let s1 = GemmSpec::builder(Dtype::F64, 4, 4, 4).build().unwrap();
+    let s2 = GemmSpec::builder(Dtype::F64, 20, 10, 7)
+        .beta(Scalar::Runtime)
+        .build()
+        .unwrap();
+    let mut d1 = TestData::<f64>::new(&s1, 100, 1);
+    let mut d2 = TestData::<f64>::new(&s2, 60, 2);
+    let (a1, b1, mut c1) = (
+        gpu.upload(&d1.a).unwrap(),
+        gpu.upload(&d1.b).unwrap(),
+        gpu.upload(d1.c_mut()).unwrap(),
+    );
+    let (a2, b2, mut c2) = (
+        gpu.upload(&d2.a).unwrap(),
+        gpu.upload(&d2.b).unwrap(),
+        gpu.upload(d2.c_mut()).unwrap(),
+    );
+    gpu.synchronize().unwrap();
+    let mut groups = [
+        Group {
+            spec: s1,
+            a: &a1,
+            b: &b1,
+            c: &mut c1,
+            batch: 100,
+            alpha: 1.0,
+            beta: 0.0,
+        },
+        Group {
+            spec: s2,
+            a: &a2,
+            b: &b2,
+            c: &mut c2,
+            batch: 60,
+            alpha: 1.0,
+            beta: 0.25,
+        },
+    ];
+    gpu.launch_grouped(&stream, &mut groups).unwrap();
+    stream.synchronize().unwrap();
+    d1.c_mut().copy_from_slice(&gpu.download(&c1).unwrap());
+    d2.c_mut().copy_from_slice(&gpu.download(&c2).unwrap());
+    assert_eq!(d1.check(1.0, 0.0).failure, None);
+    assert_eq!(d2.check(1.0, 0.25).failure, None);
+    // The cache compiled each spec once.
+    let before = gpu.compilations();
+    gpu.kernel(&s1, BatchKind::Strided).unwrap();
+    assert_eq!(gpu.compilations(), before);
+}
+
+#[test]
+fn misuse_is_an_error() {
+    let Some(gpu) = gpu("misuse") else {
+        return;
+    };
+    let spec = GemmSpec::builder(Dtype::F64, 4, 4, 4).build().unwrap();
+    let k = gpu.kernel(&spec, BatchKind::Strided).unwrap();
+    let a = gpu.upload(&[1.0f64; 32]).unwrap();
+    let mut c = gpu.upload(&[1.0f64; 32]).unwrap();
+    assert!(matches!(
+        k.launch_strided(gpu.stream(), &a, &a, &mut c, 3, 1.0, 0.0),
+        Err(CudaError::BufferTooShort { .. })
+    ));
+    assert!(matches!(
+        k.launch_strided(gpu.stream(), &a, &a, &mut c, 2, 2.0, 0.0),
+        Err(CudaError::ScalarMismatch { .. })
+    ));
+    let af = gpu.upload(&[1.0f32; 32]).unwrap();
+    let mut cf = gpu.upload(&[1.0f32; 32]).unwrap();
+    assert!(matches!(
+        k.launch_strided(gpu.stream(), &af, &af, &mut cf, 2, 1.0, 0.0),
+        Err(CudaError::DtypeMismatch { .. })
+    ));
+    assert!(k
+        .launch_strided(gpu.stream(), &a, &a, &mut c, 2, 1.0, 0.0)
+        .is_ok());
+}
+
+#[test]
+fn no_driver_is_a_clean_error() {
+    if cuda::driver_present() {
+        println!("no_driver: skipped, a driver is present");
+        return;
+    }
+    assert_eq!(Gpu::new(0).unwrap_err(), CudaError::NoDriver);
+    assert_eq!(cuda::device_count(), Err(CudaError::NoDriver));
+}
