@@ -505,6 +505,7 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
         Some(d) => vec![d.into()],
         None => vec![Dtype::F64, Dtype::F32, Dtype::F16],
     };
+    let mut probe = bench::Probe::new(128 << 20);
     let mut db: serde_json::Map<String, serde_json::Value> = std::fs::read_to_string(&args.db)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
@@ -523,7 +524,7 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             let mut best: Option<(f64, GpuSchedule)> = None;
             let mut line = format!("{} n={n}:", d.name());
             for s in candidates(&spec, gpu.target()) {
-                match bench::time_schedule(&gpu, d, n, &s, args.reps, 64 << 20) {
+                match probe.time(&gpu, d, n, &s, args.reps) {
                     Ok(row) => {
                         let gf = row.flops / row.ours_s / 1e9;
                         line.push_str(&format!(" [{}]={gf:.0}", short(&s)));

@@ -179,9 +179,14 @@ fn load_operand(
     other_ext: usize,
     sl: usize,
     so: usize,
+    v: usize,
 ) {
     let elt = dtype.size();
     let (kind, ty) = elt_kind(dtype);
+    // Work in units of `v` elements along the lead (whole vectors; v = 1 when the extents,
+    // leading dimension or alignment do not allow wider accesses).
+    let lead_ext = lead_ext / v;
+    let lead_max = lead.max / v;
     let tl = lead_ext.min(tpp);
     let to = (tpp / tl).min(other_ext);
     let l0 = asm.reg(Kind::B32);
@@ -195,17 +200,27 @@ fn load_operand(
         None
     };
     // Thread bases: global + (l0 + o0 * ld) * elt, shared + (l0 * sl + o0 * so) * elt.
+    let lv = if v > 1 {
+        let r = asm.reg(Kind::B32);
+        asm.op(format!("mul.lo.u32 {r}, {l0}, {v}"));
+        r
+    } else {
+        l0.clone()
+    };
     let off = asm.reg(Kind::B32);
     match &ld.runtime {
-        Some(r) => asm.op(format!("mad.lo.u32 {off}, {o0}, {r}, {l0}")),
-        None => asm.op(format!("mad.lo.u32 {off}, {o0}, {}, {l0}", ld.max)),
+        Some(r) => asm.op(format!("mad.lo.u32 {off}, {o0}, {r}, {lv}")),
+        None => asm.op(format!("mad.lo.u32 {off}, {o0}, {}, {lv}", ld.max)),
     }
     let off64 = asm.reg(Kind::B64);
     asm.op(format!("mul.wide.u32 {off64}, {off}, {elt}"));
     let gbase = asm.reg(Kind::B64);
     asm.op(format!("add.u64 {gbase}, {global}, {off64}"));
     let sbase = asm.reg(Kind::B32);
-    asm.op(format!("mad.lo.u32 {sbase}, {l0}, {}, {shared}", sl * elt));
+    asm.op(format!(
+        "mad.lo.u32 {sbase}, {l0}, {}, {shared}",
+        v * sl * elt
+    ));
     asm.op(format!("mad.lo.u32 {sbase}, {o0}, {}, {sbase}", so * elt));
     // Per-thread row/column step of the runtime leading dimension (variable sizes).
     let gstep = ld.runtime.as_ref().map(|r| {
@@ -232,11 +247,11 @@ fn load_operand(
                 asm.op(format!("add.u32 {l}, {l0}, {start}"));
                 Some(asm.lt(&l, r))
             }
-            None if start + tl > lead.max => {
-                if start >= lead.max {
+            None if start + tl > lead_max => {
+                if start >= lead_max {
                     Some("0".to_string())
                 } else {
-                    Some(asm.lt(&l0, &(lead.max - start).to_string()))
+                    Some(asm.lt(&l0, &(lead_max - start).to_string()))
                 }
             }
             None => None,
@@ -279,10 +294,16 @@ fn load_operand(
                 _ => asm.and(ldata.clone(), odata.clone()),
             };
             let goff = match &gstep {
-                Some(_) => li * tl * elt,
-                None => (li * tl + oi * to * ld.max) * elt,
+                Some(_) => li * tl * v * elt,
+                None => (li * tl * v + oi * to * ld.max) * elt,
             };
-            let soff = (li * tl * sl + oi * to * so) * elt;
+            let soff = (li * tl * v * sl + oi * to * so) * elt;
+            if v > 1 {
+                store_vector(
+                    asm, dtype, v, &grow, goff, &sbase, soff, sl, so, &store_p, data,
+                );
+                continue;
+            }
             let v = asm.reg(kind);
             match data.as_deref() {
                 Some("0") => asm.op(format!("mov.{ty} {v}, {zero}")),
@@ -303,6 +324,124 @@ fn load_operand(
             ));
         }
     }
+}
+
+/// One vector of `v` elements (4, 8 or 16 bytes) from global to shared memory: a single
+/// wide load, then one wide store where the shared copy is contiguous and aligned along the
+/// lead, else one store per element.
+#[allow(clippy::too_many_arguments)]
+fn store_vector(
+    asm: &mut Asm,
+    dtype: Dtype,
+    v: usize,
+    global: &str,
+    goff: usize,
+    shared: &str,
+    soff: usize,
+    sl: usize,
+    so: usize,
+    store_p: &Option<String>,
+    data: Option<String>,
+) {
+    let elt = dtype.size();
+    let words = v * elt / 4;
+    let w: Vec<String> = (0..words).map(|_| asm.reg(Kind::B32)).collect();
+    let list = if words == 1 {
+        w[0].clone()
+    } else {
+        format!("{{{}}}", w.join(", "))
+    };
+    let vty = if words == 1 {
+        "b32".to_string()
+    } else {
+        format!("v{words}.b32")
+    };
+    match data.as_deref() {
+        Some("0") => {
+            for r in &w {
+                asm.op(format!("mov.b32 {r}, 0"));
+            }
+        }
+        _ => {
+            let load_p = asm.and(store_p.clone(), data.clone());
+            if data.is_some() {
+                for r in &w {
+                    asm.op(format!("mov.b32 {r}, 0"));
+                }
+            }
+            asm.op(format!(
+                "{}ld.global.{vty} {list}, [{global}+{goff}]",
+                guard(&load_p)
+            ));
+        }
+    }
+    if sl == 1 && so % v == 0 {
+        asm.op(format!(
+            "{}st.shared.{vty} [{shared}+{soff}], {list}",
+            guard(store_p)
+        ));
+        return;
+    }
+    for e in 0..v {
+        let at = soff + e * sl * elt;
+        match dtype {
+            Dtype::F32 => asm.op(format!(
+                "{}st.shared.b32 [{shared}+{at}], {}",
+                guard(store_p),
+                w[e]
+            )),
+            Dtype::F64 => {
+                let d = asm.reg(Kind::B64);
+                asm.op(format!("mov.b64 {d}, {{{}, {}}}", w[2 * e], w[2 * e + 1]));
+                asm.op(format!(
+                    "{}st.shared.b64 [{shared}+{at}], {d}",
+                    guard(store_p)
+                ));
+            }
+            Dtype::F16 => {
+                if e % 2 == 0 {
+                    let (lo, hi) = (asm.reg(Kind::B16), asm.reg(Kind::B16));
+                    asm.op(format!("mov.b32 {{{lo}, {hi}}}, {}", w[e / 2]));
+                    asm.op(format!(
+                        "{}st.shared.b16 [{shared}+{at}], {lo}",
+                        guard(store_p)
+                    ));
+                    let at2 = at + sl * elt;
+                    asm.op(format!(
+                        "{}st.shared.b16 [{shared}+{at2}], {hi}",
+                        guard(store_p)
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// The widest vector (in elements, at most 16 bytes) a loader may use: the lead extents,
+/// the leading dimension and the batch stride must be multiples of it, and the matrix
+/// addresses known aligned (strided batches; pointer arrays may point anywhere).
+fn vector_width(
+    kind: BatchKind,
+    dtype: Dtype,
+    lead: &Extent,
+    ld: &Extent,
+    lead_ext: usize,
+    stride: usize,
+) -> usize {
+    if kind != BatchKind::Strided || lead.runtime.is_some() || ld.runtime.is_some() {
+        return 1;
+    }
+    let mut v = 16 / dtype.size();
+    while v > 1 {
+        if lead.max % v == 0 && lead_ext % v == 0 && ld.max % v == 0 && stride % v == 0 {
+            // f16 pairs (4 bytes) are the narrowest vector.
+            if v * dtype.size() >= 4 {
+                return v;
+            }
+        }
+        v /= 2;
+    }
+    1
 }
 
 /// Generates the complete PTX module text.
@@ -418,6 +557,20 @@ pub(crate) fn kernel(
     asm.op(format!("@{out} bra {skip_load}"));
     // Problem pointers (and sizes, for variable-size batches).
     let problem = problem_regs(&mut asm, p, kind, &ga, &gb, &gc, gdims.as_deref(), &pi);
+    let epi = Epilogue {
+        dtype,
+        sdt,
+        skind,
+        sty,
+        alpha: p.alpha,
+        beta: p.beta,
+        alpha_reg: alpha,
+        beta_reg: beta,
+    };
+    let tile = match s.mma {
+        None => Some(fma_c_tile(&mut asm, p, s, &lt, &problem, &epi)),
+        Some(_) => None,
+    };
     asm.comment("stage A and B in shared memory");
     let (mext, kext, next) = match s.mma {
         Some(shape) => (
@@ -446,6 +599,7 @@ pub(crate) fn kernel(
             layout.a_row,
         ),
     };
+    let v = vector_width(kind, dtype, lead, &problem.lda, lext, p.stride_a);
     load_operand(
         &mut asm,
         dtype,
@@ -460,6 +614,7 @@ pub(crate) fn kernel(
         oext,
         sl,
         so,
+        v,
     );
     let (lead, other, lext, oext, sl, so) = match p.trans_b {
         Trans::N => (
@@ -479,6 +634,7 @@ pub(crate) fn kernel(
             layout.b_row,
         ),
     };
+    let v = vector_width(kind, dtype, lead, &problem.ldb, lext, p.stride_b);
     load_operand(
         &mut asm,
         dtype,
@@ -493,6 +649,7 @@ pub(crate) fn kernel(
         oext,
         sl,
         so,
+        v,
     );
     asm.place(&skip_load);
     asm.op("bar.sync 0");
@@ -501,21 +658,11 @@ pub(crate) fn kernel(
     // (a divergent branch: groups of one warp may differ, so not bra.uni).
     asm.op(format!("@{out} bra {exit}"));
 
-    let epi = Epilogue {
-        dtype,
-        sdt,
-        skind,
-        sty,
-        alpha: p.alpha,
-        beta: p.beta,
-        alpha_reg: alpha,
-        beta_reg: beta,
-    };
-    match s.mma {
-        None => fma_body(
-            &mut asm, p, s, &layout, &lt, &sa, &sb, &problem, &epi, &exit,
+    match &tile {
+        Some(tile) => fma_body(
+            &mut asm, p, s, &layout, &sa, &sb, &problem, &epi, &exit, tile,
         ),
-        Some(_) => mma_body(&mut asm, p, s, &layout, &lt, &sa, &sb, &problem, &epi),
+        None => mma_body(&mut asm, p, s, &layout, &lt, &sa, &sb, &problem, &epi),
     }
     asm.place(&exit);
     asm.op("ret");
@@ -646,7 +793,7 @@ struct Epilogue {
 
 impl Epilogue {
     /// C[addr] = alpha * v + beta * C[addr], with `v` in the epilogue type; `pred` guards.
-    fn store(&self, asm: &mut Asm, v: &str, addr: &str, pred: &Option<String>) {
+    fn store(&self, asm: &mut Asm, v: &str, addr: &str, pred: &Option<String>, old: Option<&str>) {
         let sty = self.sty;
         let scaled = match self.alpha {
             Scalar::One => v.to_string(),
@@ -673,7 +820,10 @@ impl Epilogue {
         let result = if self.beta == Scalar::Zero {
             scaled
         } else {
-            let old = self.load(asm, addr, pred);
+            let old = match old {
+                Some(o) => o.to_string(),
+                None => self.load(asm, addr, pred),
+            };
             let r = asm.reg(self.skind);
             match self.beta {
                 Scalar::One => asm.op(format!("add.rn.{sty} {r}, {scaled}, {old}")),
@@ -731,22 +881,18 @@ fn fma_body(
     p: &ColMajorProblem,
     s: &GpuSchedule,
     layout: &SharedLayout,
-    lt: &str,
     sa: &str,
     sb: &str,
     problem: &ProblemRegs,
     epi: &Epilogue,
     exit: &str,
+    tile: &CTile,
 ) {
     let dtype = p.dtype;
     let elt = dtype.size();
     let (rm, rn) = (s.rm as usize, s.rn as usize);
-    let tm = p.m.div_ceil(rm);
-    let tn = p.n.div_ceil(rn);
-    let tx = asm.reg(Kind::B32);
-    let ty = asm.reg(Kind::B32);
-    asm.op(format!("rem.u32 {tx}, {lt}, {tm}"));
-    asm.op(format!("div.u32 {ty}, {lt}, {tm}"));
+    let (tm, tn) = (tile.tm, tile.tn);
+    let (tx, ty) = (tile.tx.clone(), tile.ty.clone());
     if let (Some(m), Some(n)) = (&problem.m.runtime, &problem.n.runtime) {
         // ETM: a thread whose first row or column is outside its problem has nothing to do.
         let pm = asm.reg(Kind::Pred);
@@ -828,6 +974,43 @@ fn fma_body(
     }
 
     asm.comment("epilogue");
+    for (a, b, addr, pred, old) in &tile.slots {
+        epi.store(asm, &acc[*a][*b], addr, pred, old.as_deref());
+    }
+}
+
+/// A thread's part of C in an FMA kernel: its position, and per register (a, b) the
+/// address, guard and (for beta != 0) the prefetched old value.
+struct CTile {
+    tx: String,
+    ty: String,
+    tm: usize,
+    tn: usize,
+    #[allow(clippy::type_complexity)]
+    slots: Vec<(usize, usize, String, Option<String>, Option<String>)>,
+}
+
+/// Thread (tx, ty) of its problem owns rows tx + a * TM and columns ty + b * TN of C.
+/// Computes the addresses and guards and loads C early.
+// a and b are tile coordinates used in the address arithmetic, not just indices.
+#[allow(clippy::needless_range_loop)]
+fn fma_c_tile(
+    asm: &mut Asm,
+    p: &ColMajorProblem,
+    s: &GpuSchedule,
+    lt: &str,
+    problem: &ProblemRegs,
+    epi: &Epilogue,
+) -> CTile {
+    let elt = p.dtype.size();
+    let (rm, rn) = (s.rm as usize, s.rn as usize);
+    let tm = p.m.div_ceil(rm);
+    let tn = p.n.div_ceil(rn);
+    let tx = asm.reg(Kind::B32);
+    let ty = asm.reg(Kind::B32);
+    asm.op(format!("rem.u32 {tx}, {lt}, {tm}"));
+    asm.op(format!("div.u32 {ty}, {lt}, {tm}"));
+    let mut slots = Vec::new();
     let elt64 = elt as u64;
     // Row and column guards: needed when the tile grid overhangs C or sizes vary.
     let row_pred = |asm: &mut Asm, a: usize| -> Option<String> {
@@ -897,8 +1080,17 @@ fn fma_body(
                 None => (a * tm + b * tn * p.ldc) * elt,
             };
             let addr = format!("{colbase}+{imm}");
-            epi.store(asm, &acc[a][b], &addr, &pred);
+            // Prefetched before the operands are staged: its latency overlaps theirs.
+            let old = (epi.beta != Scalar::Zero).then(|| epi.load(asm, &addr, &pred));
+            slots.push((a, b, addr, pred, old));
         }
+    }
+    CTile {
+        tx,
+        ty,
+        tm,
+        tn,
+        slots,
     }
 }
 
@@ -934,32 +1126,58 @@ fn mma_body(
     asm.op(format!("shr.u32 {gid}, {lane}, 2"));
     let tig = asm.reg(Kind::B32);
     asm.op(format!("and.b32 {tig}, {lane}, 3"));
-    let ld = layout.a_row; // halves between rows of A (= columns of B)
-                           // Lane offset inside a fragment: (gid * ld + tig * 2) halves.
-    let lane_off = asm.reg(Kind::B32);
-    asm.op(format!("shl.b32 {lane_off}, {tig}, 1"));
-    asm.op(format!("mad.lo.u32 {lane_off}, {gid}, {ld}, {lane_off}"));
-    asm.op(format!("shl.b32 {lane_off}, {lane_off}, 1"));
-    let row8 = 8 * ld * 2;
-    let load_a = |asm: &mut Asm, abase: &str, k: usize| -> [String; 4] {
-        let offs = [0, row8, 16, row8 + 16];
-        offs.map(|o| {
-            let r = asm.reg(Kind::B32);
-            asm.op(format!("ld.shared.b32 {r}, [{abase}+{}]", k * 32 + o));
-            r
-        })
-    };
-    let tile_base = |asm: &mut Asm, base: &str, t: &str, rows: usize| -> String {
+    // A fragment word holds two halves adjacent in k: one 32-bit load where k is the
+    // contiguous direction in shared memory, else two 16-bit loads packed.
+    let pair = |asm: &mut Asm, base: &str, off: usize, step: usize| -> String {
         let r = asm.reg(Kind::B32);
-        asm.op(format!("mad.lo.u32 {r}, {t}, {}, {base}", rows * ld * 2));
-        asm.op(format!("add.u32 {r}, {r}, {lane_off}"));
+        if step == 1 {
+            asm.op(format!("ld.shared.b32 {r}, [{base}+{off}]"));
+        } else {
+            let lo = asm.reg(Kind::B16);
+            let hi = asm.reg(Kind::B16);
+            asm.op(format!("ld.shared.b16 {lo}, [{base}+{off}]"));
+            asm.op(format!("ld.shared.b16 {hi}, [{base}+{}]", off + 2 * step));
+            asm.op(format!("mov.b32 {r}, {{{lo}, {hi}}}"));
+        }
+        r
+    };
+    // Lane offsets in bytes: A at (row gid, k 2 tig), B at (k 2 tig, column gid).
+    let lane_off = |asm: &mut Asm, row_stride: usize, k_stride: usize| -> String {
+        let r = asm.reg(Kind::B32);
+        asm.op(format!("mul.lo.u32 {r}, {tig}, {}", 4 * k_stride));
+        asm.op(format!("mad.lo.u32 {r}, {gid}, {}, {r}", 2 * row_stride));
+        r
+    };
+    let a_lane = lane_off(asm, layout.a_row, layout.a_col);
+    let b_lane = lane_off(asm, layout.b_col, layout.b_row);
+    let (a_row, a_col, b_row, b_col) = (layout.a_row, layout.a_col, layout.b_row, layout.b_col);
+    let load_a = |asm: &mut Asm, abase: &str, k: usize| -> [String; 4] {
+        // {a0 a1}: (gid, 2tig), {a2 a3}: row + 8, {a4 a5}: k + 8, {a6 a7}: both.
+        let kb = k * 16 * a_col * 2;
+        let offs = [
+            kb,
+            kb + 8 * a_row * 2,
+            kb + 8 * a_col * 2,
+            kb + 8 * a_row * 2 + 8 * a_col * 2,
+        ];
+        offs.map(|o| pair(asm, abase, o, a_col))
+    };
+    let load_b = |asm: &mut Asm, bbase: &str, k: usize| -> [String; 2] {
+        // {b0 b1}: (2tig, gid), {b2 b3}: k + 8.
+        let kb = k * 16 * b_row * 2;
+        [kb, kb + 8 * b_row * 2].map(|o| pair(asm, bbase, o, b_row))
+    };
+    let tile_base = |asm: &mut Asm, base: &str, t: &str, bytes: usize, lane: &str| -> String {
+        let r = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {r}, {t}, {bytes}, {base}"));
+        asm.op(format!("add.u32 {r}, {r}, {lane}"));
         r
     };
     let mut fixed_a: Option<(String, Vec<[String; 4]>)> = None;
     if reuse {
         let tmr = asm.reg(Kind::B32);
         asm.op(format!("rem.u32 {tmr}, {warp}, {mt}"));
-        let abase = tile_base(asm, sa, &tmr, 16);
+        let abase = tile_base(asm, sa, &tmr, 16 * a_row * 2, &a_lane);
         let frags = (0..ks).map(|k| load_a(asm, &abase, k)).collect();
         fixed_a = Some((tmr, frags));
     }
@@ -992,11 +1210,11 @@ fn mma_body(
             // Warp-uniform: every lane of the warp has the same tile.
             asm.op(format!("@!{v} bra.uni {skip}"));
         }
-        let bbase = tile_base(asm, sb, &tnr, 8);
+        let bbase = tile_base(asm, sb, &tnr, 8 * b_col * 2, &b_lane);
         let abase = if reuse {
             None
         } else {
-            Some(tile_base(asm, sa, &tmr, 16))
+            Some(tile_base(asm, sa, &tmr, 16 * a_row * 2, &a_lane))
         };
         let acc: [String; 4] = std::array::from_fn(|_| asm.reg(Kind::F32));
         for r in &acc {
@@ -1008,10 +1226,7 @@ fn mma_body(
                 (None, Some((_, frags))) => frags[k].clone(),
                 (None, None) => load_a(asm, sa, k),
             };
-            let b0 = asm.reg(Kind::B32);
-            let b1 = asm.reg(Kind::B32);
-            asm.op(format!("ld.shared.b32 {b0}, [{bbase}+{}]", k * 32));
-            asm.op(format!("ld.shared.b32 {b1}, [{bbase}+{}]", k * 32 + 16));
+            let [b0, b1] = load_b(asm, &bbase, k);
             let d = acc.join(", ");
             asm.op(format!(
                 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{d}}}, {{{}}}, {{{b0}, {b1}}}, {{{d}}}",
@@ -1056,7 +1271,7 @@ fn mma_body(
             let (dr, dc) = (8 * (i / 2), i % 2);
             let pred = asm.and(rp[i / 2].clone(), cp[dc].clone());
             let addr = format!("{cbase}+{}", (dr + dc * ldc) * 2);
-            epi.store(asm, v, &addr, &pred);
+            epi.store(asm, v, &addr, &pred, None);
         }
         if valid.is_some() {
             asm.place(&skip);

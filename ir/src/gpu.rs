@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::spec::{ColMajorProblem, Dtype};
+use crate::spec::{ColMajorProblem, Dtype, Trans};
 
 /// An NVIDIA architecture smallgemm generates PTX for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -195,38 +195,52 @@ impl GpuSchedule {
     pub fn shared_layout(&self, p: &ColMajorProblem) -> SharedLayout {
         match self.mma {
             None => {
-                // A column-major with an odd leading dimension: threads of a warp read
-                // consecutive rows (no conflict), and transposed loads that write along a
-                // row spread over all banks. Padded to the tile grid so that threads whose
-                // tile hangs over the edge read (unused) values inside the allocation.
+                // A column-major: threads of a warp read consecutive rows (no conflict).
+                // Its leading dimension is odd when A is transposed in memory (the loads
+                // then write along rows of the shared copy, spread over all banks), else a
+                // multiple of 16 bytes so that whole vectors are stored. B is read along
+                // columns by threads of different column groups: odd leading dimension.
+                // Padded to the tile grid so that threads whose tile hangs over the edge
+                // read (unused) values inside the allocation.
                 let rows = round_up(p.m, self.rm as usize);
                 let cols = round_up(p.n, self.rn as usize);
-                let lda = rows | 1;
+                let vec = 16 / p.dtype.size();
+                let lda = match p.trans_a {
+                    Trans::T => rows | 1,
+                    Trans::N => round_up(rows, vec),
+                };
                 let ldb = p.k | 1;
                 SharedLayout {
                     a_row: 1,
                     a_col: lda,
-                    a_len: lda * p.k,
+                    a_len: round_up(lda * p.k, 8),
                     b_row: 1,
                     b_col: ldb,
-                    b_len: ldb * cols,
+                    b_len: round_up(ldb * cols, 8),
                 }
             }
             Some(s) => {
-                // Row-major op(A) and column-major op(B), k padded to the mma depth plus 8
-                // halves, so that a fragment's pair of halves is one aligned 32-bit word and
-                // the 8 rows a fragment load touches fall in different banks.
+                // Each operand keeps the order it has in memory (whole vectors stored), its
+                // leading dimension padded by 8 halves past the mma tile: then the 8 rows
+                // or 4 column pairs one fragment load touches fall in different banks.
                 let kp = round_up(p.k, s.k as usize);
-                let ld = kp + 8;
                 let rows = round_up(p.m, s.m as usize);
                 let cols = round_up(p.n, s.n as usize);
+                let (a_row, a_col, a_len) = match p.trans_a {
+                    Trans::N => (1, rows + 8, (rows + 8) * kp),
+                    Trans::T => (kp + 8, 1, (kp + 8) * rows),
+                };
+                let (b_row, b_col, b_len) = match p.trans_b {
+                    Trans::N => (1, kp + 8, (kp + 8) * cols),
+                    Trans::T => (cols + 8, 1, (cols + 8) * kp),
+                };
                 SharedLayout {
-                    a_row: ld,
-                    a_col: 1,
-                    a_len: ld * rows,
-                    b_row: 1,
-                    b_col: ld,
-                    b_len: ld * cols,
+                    a_row,
+                    a_col,
+                    a_len,
+                    b_row,
+                    b_col,
+                    b_len,
                 }
             }
         }
@@ -313,45 +327,75 @@ impl GpuSchedule {
 
 /// The default schedule for `p` on `target`: lightweight blocks (paper 001) of about 128-256
 /// threads; a register tile grows with the size so that a thread does enough FMAs per
-/// shared-memory load; tensor cores for f16 from 10 up (below, FMA kernels win: an mma would
+/// shared-memory load; tensor cores for f16 from 13 up (below, FMA kernels win: an mma would
 /// mostly multiply padding). Fails only when no schedule fits (A and B of one problem
 /// exceed shared memory).
 pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, GpuScheduleError> {
     let big = p.m.max(p.n);
-    let mut s = if p.dtype == Dtype::F16 && big >= 10 {
+    let mut s = if p.dtype == Dtype::F16 && big >= 13 {
+        // Tensor cores; warps per problem and problems per block from the H200 sweep:
+        // light blocks up to ~40, then 8 warps.
         let tiles = (p.m.div_ceil(16) * p.n.div_ceil(8)) as u32;
+        let (warps, tba) = match big {
+            0..=16 => (1, 2),
+            17..=20 => (1, 1),
+            21..=24 => (2, 2),
+            25..=32 => (4, 4),
+            33..=40 => (1, 1),
+            41..=48 => (8, 2),
+            _ => (8, 1),
+        };
         GpuSchedule {
             rm: 1,
             rn: 1,
-            tba: 1,
+            tba,
             mma: Some(MmaShape::M16N8K16),
-            warps: tiles.clamp(1, 8),
+            warps: warps.min(tiles).max(1),
             accumulate: Accumulate::F32,
         }
     } else {
-        let (rm, rn) = match big {
-            0..=16 => (1, 1),
-            17..=24 => (2, 2),
-            _ => {
-                if p.dtype == Dtype::F64 {
-                    (2, 2)
-                } else {
-                    (4, 2)
-                }
-            }
+        // From a `smallgemm tune --gpu` sweep on an H200 (docs/gpu-notes.md): one element
+        // per thread only for the tiniest f64/f32 problems, two rows per thread (loads of
+        // A in flight per thread doubled) through the middle, wider tiles above; f16 FMA
+        // kernels need 4-8 elements per thread to keep enough bytes in flight.
+        let (rm, rn, want) = match (p.dtype, big) {
+            (Dtype::F64, 0..=2) => (1, 1, 64),
+            (Dtype::F64, 3) => (1, 1, 128),
+            (Dtype::F64, 4) => (2, 1, 512),
+            (Dtype::F64, 5) => (1, 1, 128),
+            (Dtype::F64, 6..=15) => (2, 1, 256),
+            (Dtype::F64, 16) => (2, 2, 256),
+            (Dtype::F64, 17..=22) => (2, 2, 128),
+            (Dtype::F64, 23..=26) => (4, 2, 256),
+            (Dtype::F64, 27..=28) => (2, 2, 512),
+            (Dtype::F64, _) => (4, 4, 128),
+            (Dtype::F32, 0..=2) => (2, 1, 64),
+            (Dtype::F32, 3..=4) => (1, 1, 128),
+            (Dtype::F32, 5..=7) => (2, 1, 256),
+            (Dtype::F32, 8) => (2, 2, 256),
+            (Dtype::F32, 9..=16) => (2, 1, 256),
+            (Dtype::F32, 17..=19) => (2, 1, 128),
+            (Dtype::F32, 20..=28) => (4, 2, 128),
+            (Dtype::F32, _) => (4, 4, 64),
+            (Dtype::F16, 0..=5) => (2, 2, 128),
+            (Dtype::F16, 6..=9) => (4, 2, 64),
+            (Dtype::F16, 10..=11) => (2, 2, 128),
+            (Dtype::F16, _) => (4, 2, 64),
         };
-        GpuSchedule {
+        let s = GpuSchedule {
             rm,
             rn,
             tba: 1,
             mma: None,
             warps: 1,
             accumulate: Accumulate::F32,
+        };
+        let tpp = s.resources(p).threads_per_problem.max(1);
+        GpuSchedule {
+            tba: (want / tpp).max(1),
+            ..s
         }
     };
-    let tpp = s.resources(p).threads_per_problem.max(1);
-    let want = if s.mma.is_some() { 128 } else { 256 };
-    s.tba = (want / tpp).max(1);
     // Shrink tba until the block fits (shared memory of large k, say).
     while s.tba > 1 && s.validate(p, target).is_err() {
         s.tba -= 1;
@@ -445,12 +489,16 @@ mod tests {
     }
 
     #[test]
-    fn f16_uses_tensor_cores_from_ten() {
+    fn f16_uses_tensor_cores_from_thirteen() {
         let t = GpuTarget::new(Sm::Sm80);
         assert!(plan_gpu(&problem(Dtype::F16, 16), &t)
             .unwrap()
             .mma
             .is_some());
+        assert!(plan_gpu(&problem(Dtype::F16, 12), &t)
+            .unwrap()
+            .mma
+            .is_none());
         assert!(plan_gpu(&problem(Dtype::F16, 4), &t).unwrap().mma.is_none());
         assert!(plan_gpu(&problem(Dtype::F64, 16), &t)
             .unwrap()

@@ -244,40 +244,57 @@ fn square<T: Blas>(
     })
 }
 
-/// Times one square size with an explicit schedule (the tuner's probe); no cuBLAS.
-pub fn time_schedule(
-    gpu: &Gpu,
-    dtype: Dtype,
-    n: usize,
-    schedule: &GpuSchedule,
-    reps: usize,
+/// The tuner's probe: times square sizes under explicit schedules (no cuBLAS), keeping one
+/// set of device buffers per dtype across probes.
+pub struct Probe {
     buffer_bytes: usize,
-) -> Result<Row, CudaError> {
-    match dtype {
-        Dtype::F64 => square::<f64>(
-            gpu,
-            None,
-            &mut buffers(gpu, buffer_bytes)?,
-            n,
-            reps,
-            Some(schedule),
-        ),
-        Dtype::F32 => square::<f32>(
-            gpu,
-            None,
-            &mut buffers(gpu, buffer_bytes)?,
-            n,
-            reps,
-            Some(schedule),
-        ),
-        Dtype::F16 => square::<f16>(
-            gpu,
-            None,
-            &mut buffers(gpu, buffer_bytes)?,
-            n,
-            reps,
-            Some(schedule),
-        ),
+    f64: Option<Buffers<f64>>,
+    f32: Option<Buffers<f32>>,
+    f16: Option<Buffers<f16>>,
+}
+
+impl Probe {
+    pub fn new(buffer_bytes: usize) -> Probe {
+        Probe {
+            buffer_bytes,
+            f64: None,
+            f32: None,
+            f16: None,
+        }
+    }
+
+    pub fn time(
+        &mut self,
+        gpu: &Gpu,
+        dtype: Dtype,
+        n: usize,
+        schedule: &GpuSchedule,
+        reps: usize,
+    ) -> Result<Row, CudaError> {
+        let bytes = self.buffer_bytes;
+        match dtype {
+            Dtype::F64 => {
+                let b = match &mut self.f64 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                square::<f64>(gpu, None, b, n, reps, Some(schedule))
+            }
+            Dtype::F32 => {
+                let b = match &mut self.f32 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                square::<f32>(gpu, None, b, n, reps, Some(schedule))
+            }
+            Dtype::F16 => {
+                let b = match &mut self.f16 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                square::<f16>(gpu, None, b, n, reps, Some(schedule))
+            }
+        }
     }
 }
 
