@@ -1,5 +1,6 @@
 //! `smallgemm`: run and verify JIT kernels, or emit their machine code.
 
+mod bench;
 mod emit;
 mod gpu;
 mod run;
@@ -25,6 +26,9 @@ enum Command {
     Emit(emit::EmitArgs),
     /// Show the CPU's supported instruction sets and what the JIT picks.
     Info,
+    /// Benchmark against LIBXSMM, OpenBLAS, MKL JIT, nano-gemm, matrixmultiply and a naive
+    /// loop, beside this machine's measured limits; JIT latency.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -133,6 +137,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(&args),
         Command::Emit(args) => emit::emit(&args),
         Command::Info => info(),
+        Command::Bench(args) => bench::bench(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,804 @@
+//! The benchmark run: the limits, then every (dtype, regime, threads, shape) case with every
+//! competitor on the same buffers, each figure beside its bound.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Operand, Scalar};
+use smallgemm_ir::reference::TestData;
+
+use crate::buffer::AlignedBuf;
+use crate::competitor::{BatchGemm, Competitor, Context, Real};
+use crate::latency::{self, LatencyReport};
+use crate::measure::{chunk, time_parallel, Timing};
+use crate::probe::{self, Pattern};
+use crate::stats::{ratio_of_medians, Summary};
+
+/// (m, n, k).
+pub type Shape = (usize, usize, usize);
+
+/// Where the batch lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Regime {
+    /// A, B and C of each thread's share fit in its L2 and are reused call after call.
+    Hot,
+    /// The batch spans at least `stream_bytes` (far above L3): every call streams from DRAM.
+    Stream,
+}
+
+impl Regime {
+    pub fn name(self) -> &'static str {
+        match self {
+            Regime::Hot => "hot",
+            Regime::Stream => "stream",
+        }
+    }
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The JIT's ISA (and the probes' vector width); `None`: the best this CPU runs.
+    pub isa: Option<Isa>,
+    pub dtypes: Vec<Dtype>,
+    pub shapes: Vec<Shape>,
+    pub regimes: Vec<Regime>,
+    /// Thread counts; each case runs at each.
+    pub threads: Vec<usize>,
+    pub competitors: Vec<Competitor>,
+    pub alpha: f64,
+    pub beta: f64,
+    /// Bytes of A, B and C per thread in the hot regime.
+    pub hot_bytes: usize,
+    /// Bytes of A, B and C of the whole batch in the streaming regime.
+    pub stream_bytes: usize,
+    pub hot: Timing,
+    pub stream: Timing,
+    pub probe: Timing,
+    /// Samples per JIT-latency figure; 0 skips the latency measurement.
+    pub latency_reps: usize,
+    pub seed: u64,
+}
+
+/// The papers' small-k shapes: k = 8, 16, 32 with m = n varying.
+pub fn small_k_shapes() -> Vec<Shape> {
+    let mut v = Vec::new();
+    for k in [8, 16, 32] {
+        for mn in [4, 8, 16, 24, 32, 48, 64] {
+            if mn != k {
+                v.push((mn, mn, k));
+            }
+        }
+    }
+    v
+}
+
+/// Square sizes `lo..=hi`.
+pub fn square_shapes(lo: usize, hi: usize) -> Vec<Shape> {
+    (lo..=hi).map(|n| (n, n, n)).collect()
+}
+
+/// Threads the machine offers.
+pub fn all_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl Config {
+    /// The full run: square 2..32 and the small-k shapes, f64 and f32, hot and streaming
+    /// (1 GiB), one thread and all cores, every competitor built in, alpha = beta = 1 (the
+    /// only values LIBXSMM 1.17 takes).
+    pub fn standard() -> Config {
+        let mut shapes = square_shapes(2, 32);
+        shapes.extend(small_k_shapes());
+        let cores = all_cores();
+        Config {
+            isa: None,
+            dtypes: vec![Dtype::F64, Dtype::F32],
+            shapes,
+            regimes: vec![Regime::Hot, Regime::Stream],
+            threads: if cores > 1 { vec![1, cores] } else { vec![1] },
+            competitors: Competitor::ALL
+                .into_iter()
+                .filter(|c| c.missing_feature().is_none())
+                .collect(),
+            alpha: 1.0,
+            beta: 1.0,
+            hot_bytes: 512 << 10,
+            stream_bytes: 1 << 30,
+            hot: Timing {
+                warmup: Duration::from_millis(20),
+                min_sample: Duration::from_millis(2),
+                reps: 21,
+                min_reps: 7,
+                budget: Duration::from_millis(400),
+            },
+            // A streaming call takes tens of milliseconds to seconds (1 GiB): few samples.
+            stream: Timing {
+                warmup: Duration::ZERO,
+                min_sample: Duration::ZERO,
+                reps: 5,
+                min_reps: 3,
+                budget: Duration::from_millis(800),
+            },
+            probe: Timing {
+                warmup: Duration::from_millis(50),
+                min_sample: Duration::from_millis(5),
+                reps: 21,
+                min_reps: 7,
+                budget: Duration::from_secs(2),
+            },
+            latency_reps: 31,
+            seed: 1,
+        }
+    }
+
+    /// A smoke run in well under a minute: a few sizes, few samples, a 256 MiB stream
+    /// (still above a 105 MiB L3).
+    pub fn quick() -> Config {
+        let s = Config::standard();
+        Config {
+            shapes: vec![
+                (2, 2, 2),
+                (4, 4, 4),
+                (8, 8, 8),
+                (16, 16, 16),
+                (32, 32, 32),
+                (16, 16, 8),
+            ],
+            stream_bytes: 256 << 20,
+            hot: Timing {
+                warmup: Duration::from_millis(5),
+                min_sample: Duration::from_millis(1),
+                reps: 7,
+                min_reps: 5,
+                budget: Duration::from_millis(100),
+            },
+            stream: Timing {
+                reps: 5,
+                min_reps: 3,
+                budget: Duration::from_millis(300),
+                ..s.stream
+            },
+            probe: Timing {
+                warmup: Duration::from_millis(10),
+                min_sample: Duration::from_millis(2),
+                reps: 7,
+                min_reps: 5,
+                budget: Duration::from_millis(300),
+            },
+            latency_reps: 7,
+            ..s
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let nonempty = [
+            ("dtypes", self.dtypes.is_empty()),
+            ("shapes", self.shapes.is_empty()),
+            ("regimes", self.regimes.is_empty()),
+            ("threads", self.threads.is_empty()),
+            ("competitors", self.competitors.is_empty()),
+        ];
+        if let Some((what, _)) = nonempty.iter().find(|(_, empty)| *empty) {
+            return Err(format!("no {what} to measure"));
+        }
+        if self.dtypes.contains(&Dtype::F16) {
+            return Err("f16 kernels run on GPUs only".into());
+        }
+        if let Some(&t) = self.threads.iter().find(|&&t| t == 0 || t > 1024) {
+            return Err(format!("{t} threads: give 1 to 1024"));
+        }
+        if let Some(s) = self
+            .shapes
+            .iter()
+            .find(|s| s.0 == 0 || s.1 == 0 || s.2 == 0)
+        {
+            return Err(format!(
+                "shape {}x{}x{}: sizes must be at least 1",
+                s.0, s.1, s.2
+            ));
+        }
+        if let Some(s) = self.shapes.iter().find(|s| s.0.max(s.1).max(s.2) > 4096) {
+            return Err(format!(
+                "shape {}x{}x{}: sizes above 4096 are not small GEMMs",
+                s.0, s.1, s.2
+            ));
+        }
+        if !(self.alpha.is_finite() && self.beta.is_finite()) {
+            return Err("alpha and beta must be finite".into());
+        }
+        if self.hot_bytes < 4096 || self.stream_bytes < (1 << 20) {
+            return Err("hot bytes must be at least 4 KiB and stream bytes at least 1 MiB".into());
+        }
+        for t in [&self.hot, &self.stream, &self.probe] {
+            t.validate()?;
+        }
+        Ok(())
+    }
+
+    fn spec(&self, dtype: Dtype, (m, n, k): Shape) -> Result<GemmSpec, String> {
+        GemmSpec::builder(dtype, m, n, k)
+            .alpha(Scalar::from_value(self.alpha))
+            .beta(Scalar::from_value(self.beta))
+            .build()
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The limits at one thread count.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub threads: usize,
+    /// FMA peak, GFLOP/s, all threads together.
+    pub peak_f64: Summary,
+    pub peak_f32: Summary,
+    /// GB/s of the GEMM pattern on data in L2 (`hot_bytes` per thread).
+    pub l2: Summary,
+    /// GB/s of each pattern over the streaming buffer; empty without a streaming regime.
+    pub dram: Vec<(Pattern, Summary)>,
+}
+
+impl Limits {
+    pub fn peak(&self, dtype: Dtype) -> f64 {
+        match dtype {
+            Dtype::F32 => self.peak_f32.median,
+            _ => self.peak_f64.median,
+        }
+    }
+
+    pub fn dram_gemm(&self) -> Option<f64> {
+        self.dram
+            .iter()
+            .find(|(p, _)| *p == Pattern::Gemm)
+            .map(|(_, s)| s.median)
+    }
+}
+
+/// A figure's bound and what sets it.
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    pub gflops: f64,
+    /// "fma-peak", "l2" or "dram".
+    pub limit: &'static str,
+}
+
+/// One measured figure.
+#[derive(Clone, Debug)]
+pub struct Figure {
+    pub dtype: Dtype,
+    pub regime: Regime,
+    pub threads: usize,
+    pub shape: Shape,
+    pub batch: usize,
+    pub competitor: Competitor,
+    /// Seconds per call (the whole batch), one per sample.
+    pub seconds: Vec<f64>,
+    pub gflops: Summary,
+    pub bound: Bound,
+    /// smallgemm's GFLOP/s over this competitor's (absent for smallgemm itself).
+    pub ratio: Option<Summary>,
+    pub flops: f64,
+    /// Bytes counted for the bound: A, B, C read once (C not when beta = 0), C written once.
+    pub bytes: f64,
+}
+
+impl Figure {
+    pub fn fraction_of_bound(&self) -> f64 {
+        self.gflops.median / self.bound.gflops
+    }
+}
+
+/// Everything one run measured.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub isa: Isa,
+    pub alpha: f64,
+    pub beta: f64,
+    pub hot_bytes: usize,
+    pub stream_bytes: usize,
+    pub versions: Vec<(Competitor, String)>,
+    pub limits: Vec<Limits>,
+    pub figures: Vec<Figure>,
+    pub latency: Option<LatencyReport>,
+    /// Competitors left out, failed checks, fallbacks.
+    pub notes: Vec<String>,
+    /// (competitor, dtype, shape, why) of every correctness check that failed.
+    pub check_failures: Vec<(Competitor, Dtype, Shape, String)>,
+}
+
+impl Report {
+    pub fn limits_at(&self, threads: usize) -> Option<&Limits> {
+        self.limits.iter().find(|l| l.threads == threads)
+    }
+}
+
+/// Runs the benchmark; `progress` gets a line per step (for a terminal's stderr).
+pub fn run(config: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
+    config.validate()?;
+    let jit = match config.isa {
+        Some(isa) => Jit::with_isa(isa),
+        None => Jit::new(),
+    }
+    .map_err(|e| e.to_string())?;
+    let isa = jit.target().isa;
+    let ctx = Context::new(jit);
+    let mut notes = Vec::new();
+    for c in &config.competitors {
+        if let Some(f) = c.missing_feature() {
+            notes.push(format!(
+                "{}: left out, built without the `{f}` feature",
+                c.name()
+            ));
+        } else if let Err(e) = c.supports(config.alpha, config.beta) {
+            notes.push(format!("{}: left out, {e}", c.name()));
+        }
+    }
+    #[cfg(feature = "mkl")]
+    if let Err(e) = &ctx.mkl {
+        notes.push(format!("mkl-jit: {e}"));
+    }
+
+    // JIT latency first, so that the process's first compile is measured as such.
+    let latency = if config.latency_reps > 0 {
+        progress("JIT latency");
+        let mut first = None;
+        let mut specs = Vec::new();
+        for &dtype in &config.dtypes {
+            let s: Vec<GemmSpec> = config
+                .shapes
+                .iter()
+                .map(|&shape| config.spec(dtype, shape))
+                .collect::<Result<_, _>>()?;
+            specs.extend(match dtype {
+                Dtype::F32 => {
+                    latency::measure::<f32>(&ctx, isa, &s, config.latency_reps, &mut first)?
+                }
+                _ => latency::measure::<f64>(&ctx, isa, &s, config.latency_reps, &mut first)?,
+            });
+        }
+        Some(LatencyReport {
+            first_in_process: first,
+            specs,
+        })
+    } else {
+        None
+    };
+
+    // The streaming buffer, allocated once and shared by every streaming case and probe.
+    let mut arena = if config.regimes.contains(&Regime::Stream) {
+        progress(&format!("allocating {} MiB", config.stream_bytes >> 20));
+        // Slack for one more matrix of the largest shape, so the batch covers stream_bytes.
+        let slack = config
+            .shapes
+            .iter()
+            .map(|&(m, n, k)| m * k + k * n + m * n)
+            .max()
+            .unwrap_or(0);
+        Some(AlignedBuf::<f64>::random(
+            config.stream_bytes / 8 + slack,
+            config.seed,
+        )?)
+    } else {
+        None
+    };
+
+    let mut limits = Vec::new();
+    for &threads in &config.threads {
+        progress(&format!("limits at {threads} thread(s)"));
+        limits.push(measure_limits(config, isa, threads, arena.as_deref_mut())?);
+    }
+
+    let mut figures = Vec::new();
+    let mut check_failures = Vec::new();
+    for &dtype in &config.dtypes {
+        let mut run = Runner {
+            config,
+            ctx: &ctx,
+            limits: &limits,
+            checked: HashMap::new(),
+            notes: &mut notes,
+            figures: &mut figures,
+            check_failures: &mut check_failures,
+            progress,
+        };
+        match dtype {
+            Dtype::F32 => run.dtype::<f32>(arena.as_deref_mut())?,
+            _ => run.dtype::<f64>(arena.as_deref_mut())?,
+        }
+    }
+    Ok(Report {
+        isa,
+        alpha: config.alpha,
+        beta: config.beta,
+        hot_bytes: config.hot_bytes,
+        stream_bytes: config.stream_bytes,
+        versions: ctx.library_versions(),
+        limits,
+        figures,
+        latency,
+        notes,
+        check_failures,
+    })
+}
+
+/// A raw C pointer the threads of a measurement share; each forms a slice of its own
+/// disjoint part.
+#[derive(Clone, Copy)]
+struct SharedMut<T>(*mut T);
+// SAFETY: only used to hand disjoint sub-slices to the threads of one measurement.
+unsafe impl<T: Send> Send for SharedMut<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    // A method, so that closures capture the wrapper (Sync), not the raw pointer inside.
+    fn ptr(&self) -> *mut T {
+        self.0
+    }
+}
+
+fn measure_limits(
+    config: &Config,
+    isa: Isa,
+    threads: usize,
+    arena: Option<&mut [f64]>,
+) -> Result<Limits, String> {
+    let t = &config.probe;
+    let rate = |samples: Vec<f64>, per_call: f64| {
+        Summary::of(&samples)
+            .map(|s| s.map_decreasing(|secs| per_call / secs / 1e9))
+            .ok_or_else(|| "no probe samples".to_string())
+    };
+    let flops = probe::fma_loop(isa, Dtype::F64)? * threads as f64;
+    let peak_f64 = rate(
+        time_parallel(threads, t, |_| probe::fma_loop(isa, Dtype::F64).map(drop))?,
+        flops,
+    )?;
+    let flops = probe::fma_loop(isa, Dtype::F32)? * threads as f64;
+    let peak_f32 = rate(
+        time_parallel(threads, t, |_| probe::fma_loop(isa, Dtype::F32).map(drop))?,
+        flops,
+    )?;
+
+    // L2: each thread its own three arrays of hot_bytes / 3.
+    let per = config.hot_bytes / 3 / 8;
+    let mut bufs: Vec<AlignedBuf<f64>> = (0..threads * 3)
+        .map(|i| AlignedBuf::random(per, config.seed + i as u64))
+        .collect::<Result<_, _>>()?;
+    let ptrs: Vec<SharedMut<f64>> = bufs.iter_mut().map(|b| SharedMut(b.as_mut_ptr())).collect();
+    let l2_bytes =
+        (per * 8 / probe::STEP_BYTES * probe::STEP_BYTES * Pattern::Gemm.traffic() * threads)
+            as f64;
+    let l2 = rate(
+        time_parallel(threads, t, |i| {
+            // SAFETY: thread i alone uses buffers 3i..3i+3, each `per` long.
+            let (x, y, z) = unsafe {
+                (
+                    std::slice::from_raw_parts(ptrs[3 * i].ptr(), per),
+                    std::slice::from_raw_parts(ptrs[3 * i + 1].ptr(), per),
+                    std::slice::from_raw_parts_mut(ptrs[3 * i + 2].ptr(), per),
+                )
+            };
+            probe::stream(isa, Pattern::Gemm, x, y, z).map(drop)
+        })?,
+        l2_bytes,
+    )?;
+    drop(bufs);
+
+    let mut dram = Vec::new();
+    if let Some(arena) = arena {
+        // Three equal arrays, each thread streaming its own contiguous part of all three.
+        let third = arena.len() / 3;
+        let base = SharedMut(arena.as_mut_ptr());
+        let timing = Timing {
+            warmup: Duration::ZERO,
+            min_sample: Duration::ZERO,
+            ..config.stream
+        };
+        for pattern in Pattern::ALL {
+            let samples = time_parallel(threads, &timing, |i| {
+                let (start, len) = chunk(third, threads, i);
+                // SAFETY: thread i alone uses elements start..start+len of each third.
+                let (x, y, z) = unsafe {
+                    (
+                        std::slice::from_raw_parts(base.ptr().add(start), len),
+                        std::slice::from_raw_parts(base.ptr().add(third + start), len),
+                        std::slice::from_raw_parts_mut(base.ptr().add(2 * third + start), len),
+                    )
+                };
+                probe::stream(isa, pattern, x, y, z).map(drop)
+            })?;
+            // Every thread's share has the same size up to one step; count exactly.
+            let per_call: f64 = (0..threads)
+                .map(|i| {
+                    let len = chunk(third, threads, i).1;
+                    (len * 8 / probe::STEP_BYTES * probe::STEP_BYTES * pattern.traffic()) as f64
+                })
+                .sum();
+            dram.push((pattern, rate(samples, per_call)?));
+        }
+    }
+    Ok(Limits {
+        threads,
+        peak_f64,
+        peak_f32,
+        l2,
+        dram,
+    })
+}
+
+/// Views the f64 arena as `T` (f32 or f64: any bits are valid, alignment 64).
+fn view<T: Real>(arena: &mut [f64]) -> &mut [T] {
+    let len = arena.len() * 8 / std::mem::size_of::<T>();
+    // SAFETY: T is f32 or f64, whose size divides 8 and whose alignment the 64-byte-aligned
+    // arena satisfies; every bit pattern is a valid value; the borrow is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(arena.as_mut_ptr() as *mut T, len) }
+}
+
+struct Runner<'a, 'p> {
+    config: &'a Config,
+    ctx: &'a Context,
+    limits: &'a [Limits],
+    /// The correctness check of each (competitor, shape), done once per dtype.
+    checked: HashMap<(Competitor, Shape), Result<(), String>>,
+    notes: &'a mut Vec<String>,
+    figures: &'a mut Vec<Figure>,
+    check_failures: &'a mut Vec<(Competitor, Dtype, Shape, String)>,
+    progress: &'p mut dyn FnMut(&str),
+}
+
+impl Runner<'_, '_> {
+    fn dtype<T: Real>(&mut self, mut arena: Option<&mut [f64]>) -> Result<(), String> {
+        let config = self.config;
+        for &regime in &config.regimes {
+            if regime == Regime::Stream {
+                if let Some(arena) = arena.as_deref_mut() {
+                    // Fresh values of this type (the f64 bits seen as f32 would be NaNs and
+                    // denormals).
+                    let mut rng = smallgemm_ir::reference::SplitMix64::new(config.seed);
+                    for x in view::<T>(arena).iter_mut() {
+                        *x = T::from_f64(rng.nonzero());
+                    }
+                }
+            }
+            for &threads in &config.threads {
+                for &shape in &config.shapes {
+                    let spec = config.spec(T::DTYPE, shape)?;
+                    (self.progress)(&format!(
+                        "{} {} {}t {}x{}x{}",
+                        T::DTYPE.name(),
+                        regime.name(),
+                        threads,
+                        shape.0,
+                        shape.1,
+                        shape.2
+                    ));
+                    match regime {
+                        Regime::Hot => {
+                            let batch = hot_batch(&spec, config.hot_bytes) * threads;
+                            let mut a = AlignedBuf::<T>::random(
+                                spec.required_len(Operand::A, batch),
+                                config.seed,
+                            )?;
+                            let mut b = AlignedBuf::<T>::random(
+                                spec.required_len(Operand::B, batch),
+                                config.seed + 1,
+                            )?;
+                            let mut c = AlignedBuf::<T>::random(
+                                spec.required_len(Operand::C, batch),
+                                config.seed + 2,
+                            )?;
+                            self.case(&spec, regime, threads, batch, &mut a, &mut b, &mut c)?;
+                        }
+                        Regime::Stream => {
+                            let Some(arena) = arena.as_deref_mut() else {
+                                return Err("no streaming buffer".into());
+                            };
+                            let arena = view::<T>(arena);
+                            let per: usize = [Operand::A, Operand::B, Operand::C]
+                                .iter()
+                                .map(|&o| spec.footprint(o))
+                                .sum();
+                            let batch = arena.len() / per;
+                            let (a, rest) =
+                                arena.split_at_mut(spec.required_len(Operand::A, batch));
+                            let (b, c) = rest.split_at_mut(spec.required_len(Operand::B, batch));
+                            self.case(&spec, regime, threads, batch, a, b, c)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `competitor` computes `spec` right (once per dtype and shape): a batch of 3
+    /// against the double-double reference, with NaN in C when beta = 0.
+    fn check<T: Real>(&mut self, competitor: Competitor, spec: &GemmSpec) -> Result<(), String> {
+        let shape = (spec.m(), spec.n(), spec.k());
+        if let Some(r) = self.checked.get(&(competitor, shape)) {
+            return r.clone();
+        }
+        let (alpha, beta) = (
+            T::from_f64(self.config.alpha),
+            T::from_f64(self.config.beta),
+        );
+        let result = competitor
+            .prepare::<T>(self.ctx, spec, alpha, beta)
+            .and_then(|g| {
+                let mut data = TestData::<T>::new(spec, 3, self.config.seed);
+                let (a, b) = (data.a.clone(), data.b.clone());
+                g.run(&a, &b, data.c_mut(), 3)?;
+                let report = data.check(alpha.to_f64(), beta.to_f64());
+                match report.failure {
+                    None => Ok(()),
+                    Some(why) => Err(format!("wrong result: {why}")),
+                }
+            });
+        if let Err(e) = &result {
+            self.check_failures
+                .push((competitor, T::DTYPE, shape, e.clone()));
+            self.notes.push(format!(
+                "{} {} {}x{}x{}: {e}",
+                competitor.name(),
+                T::DTYPE.name(),
+                shape.0,
+                shape.1,
+                shape.2
+            ));
+        }
+        self.checked.insert((competitor, shape), result.clone());
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn case<T: Real>(
+        &mut self,
+        spec: &GemmSpec,
+        regime: Regime,
+        threads: usize,
+        batch: usize,
+        a: &mut [T],
+        b: &mut [T],
+        c: &mut [T],
+    ) -> Result<(), String> {
+        let config = self.config;
+        let limits = self
+            .limits
+            .iter()
+            .find(|l| l.threads == threads)
+            .ok_or("no limits measured")?;
+        let elt = T::DTYPE.size() as f64;
+        let c_reads = if config.beta == 0.0 { 1.0 } else { 2.0 };
+        let bytes = batch as f64
+            * elt
+            * (spec.footprint(Operand::A) as f64
+                + spec.footprint(Operand::B) as f64
+                + c_reads * spec.footprint(Operand::C) as f64);
+        let flops = spec.flops() * batch as f64;
+        let bound = match regime {
+            Regime::Hot => {
+                let peak = limits.peak(T::DTYPE);
+                let l2 = flops / (bytes / (limits.l2.median * 1e9)) / 1e9;
+                if peak <= l2 {
+                    Bound {
+                        gflops: peak,
+                        limit: "fma-peak",
+                    }
+                } else {
+                    Bound {
+                        gflops: l2,
+                        limit: "l2",
+                    }
+                }
+            }
+            Regime::Stream => {
+                let bw = limits.dram_gemm().ok_or("no DRAM bandwidth measured")?;
+                Bound {
+                    gflops: flops / (bytes / (bw * 1e9)) / 1e9,
+                    limit: "dram",
+                }
+            }
+        };
+        let timing = match regime {
+            Regime::Hot => config.hot,
+            Regime::Stream => config.stream,
+        };
+        let (alpha, beta) = (T::from_f64(config.alpha), T::from_f64(config.beta));
+        let mut smallgemm_seconds: Option<Vec<f64>> = None;
+        for &competitor in &config.competitors {
+            if competitor.missing_feature().is_some()
+                || competitor.supports(config.alpha, config.beta).is_err()
+            {
+                continue;
+            }
+            if self.check::<T>(competitor, spec).is_err() {
+                continue;
+            }
+            let g = competitor.prepare::<T>(self.ctx, spec, alpha, beta)?;
+            if let Some(note) = g.note() {
+                let line = format!("{} {}: {note}", competitor.name(), spec.name());
+                if !self.notes.contains(&line) {
+                    self.notes.push(line);
+                }
+            }
+            let seconds = time_batch(&*g, spec, a, b, c, batch, threads, &timing)?;
+            let time = Summary::of(&seconds).ok_or("no samples")?;
+            let ratio = match (&smallgemm_seconds, competitor) {
+                (_, Competitor::Smallgemm) => None,
+                (Some(sg), _) => ratio_of_medians(&seconds, sg),
+                (None, _) => None,
+            };
+            if competitor == Competitor::Smallgemm {
+                smallgemm_seconds = Some(seconds.clone());
+            }
+            self.figures.push(Figure {
+                dtype: T::DTYPE,
+                regime,
+                threads,
+                shape: (spec.m(), spec.n(), spec.k()),
+                batch,
+                competitor,
+                seconds,
+                gflops: time.map_decreasing(|s| flops / s / 1e9),
+                bound,
+                ratio,
+                flops,
+                bytes,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Matrices per thread in the hot regime: `hot_bytes` of A, B and C.
+pub fn hot_batch(spec: &GemmSpec, hot_bytes: usize) -> usize {
+    let per: usize = [Operand::A, Operand::B, Operand::C]
+        .iter()
+        .map(|&o| spec.footprint(o) * spec.dtype().size())
+        .sum();
+    (hot_bytes / per).clamp(1, 1 << 20)
+}
+
+/// Times `g` on the batch split over `threads` contiguous chunks.
+#[allow(clippy::too_many_arguments)]
+fn time_batch<T: Element>(
+    g: &dyn BatchGemm<T>,
+    spec: &GemmSpec,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    batch: usize,
+    threads: usize,
+    timing: &Timing,
+) -> Result<Vec<f64>, String> {
+    let need = spec.required_len(Operand::C, batch);
+    if c.len() < need
+        || a.len() < spec.required_len(Operand::A, batch)
+        || b.len() < spec.required_len(Operand::B, batch)
+    {
+        return Err("buffers too short for the batch".into());
+    }
+    let (sa, sb, sc) = (
+        spec.stride(Operand::A),
+        spec.stride(Operand::B),
+        spec.stride(Operand::C),
+    );
+    let c_ptr = SharedMut(c.as_mut_ptr());
+    time_parallel(threads, timing, |t| {
+        let (start, len) = chunk(batch, threads, t);
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: the C matrices of different chunks are disjoint (a spec's C matrices do
+        // not overlap), all inside `c` (checked above), and `c` is exclusively borrowed for
+        // the whole measurement.
+        let c = unsafe {
+            std::slice::from_raw_parts_mut(
+                c_ptr.ptr().add(start * sc),
+                spec.required_len(Operand::C, len),
+            )
+        };
+        g.run(&a[start * sa..], &b[start * sb..], c, len)
+    })
+}
