@@ -13,6 +13,19 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
 fi
 
+# ptxas (PyPI package nvidia-cuda-nvcc) assembles every generated PTX kernel in
+# codegen-ptx's tests, which fail without it: install it under target/ when missing.
+if [ -z "${SMALLGEMM_PTXAS:-}" ]; then
+    ptxas=target/ptxas-pip/nvidia/cu13/bin/ptxas
+    if [ ! -x "$ptxas" ]; then
+        python3 -m pip --version >/dev/null 2>&1 ||
+            { apt-get update -qq && apt-get install -y -qq python3-pip; }
+        PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps \
+            --target target/ptxas-pip nvidia-cuda-nvcc
+    fi
+    export SMALLGEMM_PTXAS="$PWD/$ptxas"
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # Snapshots must match what is committed (insta writes no files on CI).
