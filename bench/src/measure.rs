@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 /// How long and how often to measure one figure.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
-    /// Warm-up time before any sample (at least two calls; one when zero).
+    /// Warm-up time before any sample (at least two calls; none when this and
+    /// `min_sample` are zero).
     pub warmup: Duration,
     /// A sample runs the work repeatedly for at least this long.
     pub min_sample: Duration,
@@ -88,9 +89,13 @@ where
         let begin = Instant::now();
         let mut once = f64::INFINITY;
         let mut warm_calls = 0;
-        // One warm-up call when no warm-up time is asked for (a streaming call is long and
-        // touches everything once), else at least two.
-        let min_warm = if timing.warmup.is_zero() { 1 } else { 2 };
+        // No warm-up call when neither warm-up time nor sample length is asked for (a
+        // streaming call is long and its data are cold by design), else at least two.
+        let min_warm = if timing.warmup.is_zero() && timing.min_sample.is_zero() {
+            0
+        } else {
+            2
+        };
         while !failed() && (warm_calls < min_warm || begin.elapsed() < timing.warmup) {
             once = once.min(step(1));
             warm_calls += 1;
