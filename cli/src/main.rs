@@ -87,10 +87,21 @@ impl ShapeArgs {
     pub fn spec(
         &self,
         dtype: Dtype,
-        (m, n, k): (usize, usize, usize),
+        shape: (usize, usize, usize),
         alpha: Scalar,
         beta: Scalar,
     ) -> Result<GemmSpec, smallgemm::SpecError> {
+        self.builder(dtype, shape, alpha, beta).build()
+    }
+
+    /// The spec builder for these flags, to add more before building.
+    pub fn builder(
+        &self,
+        dtype: Dtype,
+        (m, n, k): (usize, usize, usize),
+        alpha: Scalar,
+        beta: Scalar,
+    ) -> smallgemm::GemmSpecBuilder {
         let t = |on: bool| if on { Trans::T } else { Trans::N };
         let mut b = GemmSpec::builder(dtype, m, n, k)
             .trans_a(t(self.trans_a))
@@ -110,7 +121,7 @@ impl ShapeArgs {
         if let Some(ld) = self.ldc {
             b = b.ldc(ld);
         }
-        b.build()
+        b
     }
 
     /// (m, n, k) when all three are given; an error when only some are.

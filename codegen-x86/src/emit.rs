@@ -3,11 +3,12 @@
 use iced_x86::code_asm::registers::ymm;
 use iced_x86::code_asm::{ymmword_ptr, CodeAssembler, CodeLabel};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
-use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Trips};
+use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Trips, VReg};
 
 use smallgemm_ir::MachineCode;
 
-use crate::{abi, regs, EmitError};
+use crate::abi::{self, CallConv};
+use crate::{regs, EmitError};
 
 /// The instruction forms of one (ISA, dtype): vector ops are the same code with other opcodes.
 struct Forms {
@@ -85,6 +86,7 @@ fn forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
             mul: EVEX_Vmulps_zmm_k1z_zmm_zmmm512b32_er,
         },
         (_, Dtype::F16) => return Err(EmitError::Unsupported("f16", isa)),
+        (Isa::Neon, _) => return Err(EmitError::Unsupported("the x86-64 backend", isa)),
     })
 }
 
@@ -103,19 +105,24 @@ pub(crate) struct Emitter<'a> {
     asm: CodeAssembler,
     program: &'a Program,
     isa: Isa,
+    conv: CallConv,
+    /// Bytes from rbp up to the stack pointer at entry (when the kernel has a frame).
+    entry_offset: i32,
     forms: Forms,
     /// AVX2 tail masks: (label of the constant, vector register, enabled lanes).
     mask_constants: Vec<(CodeLabel, u32)>,
 }
 
 impl<'a> Emitter<'a> {
-    pub(crate) fn new(program: &'a Program, isa: Isa) -> Result<Self, EmitError> {
+    pub(crate) fn new(program: &'a Program, isa: Isa, conv: CallConv) -> Result<Self, EmitError> {
         let mut asm = CodeAssembler::new(64)?;
         asm.set_prefer_vex(true);
         Ok(Emitter {
             asm,
             program,
             isa,
+            conv,
+            entry_offset: 0,
             forms: forms(isa, program.dtype)?,
             mask_constants: Vec::new(),
         })
@@ -124,55 +131,74 @@ impl<'a> Emitter<'a> {
     /// Prologue, the program's operations, epilogue.
     pub(crate) fn body(&mut self) -> Result<(), EmitError> {
         let program = self.program;
-        let used: Vec<Register> = (0..program.gprs)
-            .map(|i| abi::GENERAL[i.min(abi::GENERAL.len() - 1)])
-            .filter(|r| abi::is_callee_saved(*r))
-            .collect();
-        if program.gprs > abi::GENERAL.len() {
+        let general = self.conv.general();
+        if program.gprs > general.len() {
             return Err(EmitError::TooManyGeneralRegisters {
                 needed: program.gprs,
-                available: abi::GENERAL.len(),
+                available: general.len(),
             });
         }
-        let frame = program.scratch_bytes > 0;
-        for &r in &used {
-            self.asm
-                .add_instruction(Instruction::with1(Code::Push_r64, r)?)?;
+        let pushed: Vec<Register> = general[..program.gprs]
+            .iter()
+            .copied()
+            .filter(|&r| self.conv.is_callee_saved(r))
+            .collect();
+        let saved_vectors: Vec<usize> = self
+            .conv
+            .callee_saved_vectors()
+            .filter(|&v| v < program.vregs)
+            .collect();
+        let scratch = (program.scratch_bytes as i32 + 63) / 64 * 64;
+        let frame = scratch > 0 || !saved_vectors.is_empty();
+        for &r in &pushed {
+            self.add(Instruction::with1(Code::Push_r64, r)?)?;
         }
         if frame {
-            // rsp = a 64-byte aligned area below the saved frame pointer.
-            self.asm
-                .add_instruction(Instruction::with1(Code::Push_r64, Register::RBP)?)?;
-            self.asm.add_instruction(Instruction::with2(
+            // rbp = the stack pointer after the pushes; rsp = a 64-byte aligned area below it:
+            // scratch memory first, then the saved vector registers.
+            self.add(Instruction::with1(Code::Push_r64, Register::RBP)?)?;
+            self.add(Instruction::with2(
                 Code::Mov_r64_rm64,
                 Register::RBP,
                 Register::RSP,
             )?)?;
-            self.asm.add_instruction(Instruction::with2(
+            self.add(Instruction::with2(
                 Code::And_rm64_imm8,
                 Register::RSP,
                 -64i32,
             )?)?;
-            let size = (program.scratch_bytes as i32 + 63) / 64 * 64;
-            self.asm.add_instruction(Instruction::with2(
+            let size = scratch + 16 * saved_vectors.len() as i32;
+            self.add(Instruction::with2(
                 Code::Sub_rm64_imm32,
                 Register::RSP,
                 size,
             )?)?;
+            // Stack arguments sit above the return address, the pushes and rbp's slot.
+            self.entry_offset = 8 * (pushed.len() as i32 + 1);
+        }
+        for (i, &v) in saved_vectors.iter().enumerate() {
+            let slot =
+                MemoryOperand::with_base_displ(Register::RSP, (scratch + 16 * i as i32) as i64);
+            let x = regs::xmm(VReg(v as u8));
+            self.add(Instruction::with2(Code::VEX_Vmovdqu_xmmm128_xmm, slot, x)?)?;
         }
         self.ops(&program.ops)?;
+        for (i, &v) in saved_vectors.iter().enumerate() {
+            let slot =
+                MemoryOperand::with_base_displ(Register::RSP, (scratch + 16 * i as i32) as i64);
+            let x = regs::xmm(VReg(v as u8));
+            self.add(Instruction::with2(Code::VEX_Vmovdqu_xmm_xmmm128, x, slot)?)?;
+        }
         if frame {
-            self.asm.add_instruction(Instruction::with2(
+            self.add(Instruction::with2(
                 Code::Mov_r64_rm64,
                 Register::RSP,
                 Register::RBP,
             )?)?;
-            self.asm
-                .add_instruction(Instruction::with1(Code::Pop_r64, Register::RBP)?)?;
+            self.add(Instruction::with1(Code::Pop_r64, Register::RBP)?)?;
         }
-        for &r in used.iter().rev() {
-            self.asm
-                .add_instruction(Instruction::with1(Code::Pop_r64, r)?)?;
+        for &r in pushed.iter().rev() {
+            self.add(Instruction::with1(Code::Pop_r64, r)?)?;
         }
         self.asm.vzeroupper()?;
         self.asm.ret()?;
@@ -217,7 +243,7 @@ impl<'a> Emitter<'a> {
     }
 
     fn gpr(&self, g: smallgemm_ir::Gpr) -> Result<Register, EmitError> {
-        regs::general(&abi::GENERAL, g)
+        regs::general(self.conv.general(), g)
     }
 
     fn mem(&self, addr: Addr, broadcast: bool) -> Result<MemoryOperand, EmitError> {
@@ -271,6 +297,7 @@ impl<'a> Emitter<'a> {
                 i.set_zeroing_masking(!store);
                 self.add(i)
             }
+            Isa::Neon => Err(EmitError::Unsupported("the x86-64 backend", self.isa)),
             Isa::Avx2 => {
                 let m = self
                     .program
@@ -363,6 +390,9 @@ impl<'a> Emitter<'a> {
                 let i = Instruction::with3(code, self.v(acc)?, self.v(a)?, self.mem(b, true)?)?;
                 self.add(i)?;
             }
+            Op::FmaLane { .. } => {
+                return Err(EmitError::Unsupported("FMA by element", self.isa));
+            }
             Op::Add { dst, a, b } => self.add(Instruction::with3(
                 add,
                 self.v(dst)?,
@@ -389,6 +419,9 @@ impl<'a> Emitter<'a> {
                     let k = regs::opmask(mask.0)?;
                     self.add(Instruction::with2(Code::VEX_Kmovw_kr_r32, k, temp)?)?;
                 }
+                Isa::Neon => {
+                    return Err(EmitError::Unsupported("the x86-64 backend", self.isa));
+                }
                 Isa::Avx2 => {
                     let vreg = self
                         .program
@@ -409,9 +442,26 @@ impl<'a> Emitter<'a> {
                     .iter()
                     .position(|p| *p == param)
                     .ok_or(EmitError::UnknownParam)?;
-                let x = abi::float_argument(index);
-                let i = Instruction::with2(vex_scalar(dtype, false), self.mem(addr, false)?, x)?;
-                self.add(i)?;
+                let to = self.mem(addr, false)?;
+                match self.conv.float_argument(index) {
+                    abi::ArgumentLocation::Register(x) => {
+                        self.add(Instruction::with2(vex_scalar(dtype, false), to, x)?)?;
+                    }
+                    abi::ArgumentLocation::Stack(offset) => {
+                        // Copy the argument's slot through the temporary register; rbp is
+                        // `entry_offset` bytes below the stack pointer at entry.
+                        let from = MemoryOperand::with_base_displ(
+                            Register::RBP,
+                            (self.entry_offset + offset) as i64,
+                        );
+                        let (load, store, temp) = match dtype {
+                            Dtype::F64 => (Code::Mov_r64_rm64, Code::Mov_rm64_r64, abi::TEMP),
+                            _ => (Code::Mov_r32_rm32, Code::Mov_rm32_r32, low32(abi::TEMP)),
+                        };
+                        self.add(Instruction::with2(load, temp, from)?)?;
+                        self.add(Instruction::with2(store, to, temp)?)?;
+                    }
+                }
             }
             Op::StoreConst { value, addr } => {
                 let words: Vec<u32> = match dtype {
@@ -426,6 +476,11 @@ impl<'a> Emitter<'a> {
                     let i = Instruction::with2(Code::Mov_rm32_imm32, self.mem(at, false)?, word)?;
                     self.add(i)?;
                 }
+            }
+            Op::LoadAddress { dst, addr } => {
+                let i =
+                    Instruction::with2(Code::Mov_r64_rm64, self.gpr(dst)?, self.mem(addr, false)?)?;
+                self.add(i)?;
             }
             Op::Copy { dst, src } => {
                 let i = Instruction::with2(Code::Mov_r64_rm64, self.gpr(dst)?, self.gpr(src)?)?;

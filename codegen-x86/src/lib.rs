@@ -4,9 +4,10 @@
 //!
 //! The emitted function is position independent (branches and its tail-mask constants are
 //! RIP-relative), has the signature
-//! `extern "sysv64" fn(a: *const T, b: *const T, c: *mut T, batch: usize, [alpha: T], [beta: T])`
-//! with the scalars present as `Program::params` lists them, preserves every callee-saved
-//! register it uses, and runs `vzeroupper` before it returns.
+//! `fn(a: *const T, b: *const T, c: *mut T, batch: usize, [alpha: T], [beta: T])`
+//! with the scalars present as `Program::params` lists them, in the System V or Microsoft
+//! x64 calling convention ([`CallConv`]), preserves every callee-saved register it uses,
+//! and runs `vzeroupper` before it returns.
 
 mod abi;
 mod disasm;
@@ -16,6 +17,7 @@ mod regs;
 use smallgemm_ir::{Isa, MachineCode, Program};
 use thiserror::Error;
 
+pub use abi::CallConv;
 pub use disasm::{disassemble, listing};
 
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
@@ -42,13 +44,18 @@ impl From<iced_x86::IcedError> for EmitError {
     }
 }
 
-/// Encodes `program` for `isa`.
+/// Encodes `program` for `isa` with the System V calling convention.
 pub fn emit(program: &Program, isa: Isa) -> Result<MachineCode, EmitError> {
+    emit_with(program, isa, CallConv::SysV)
+}
+
+/// Encodes `program` for `isa` with calling convention `conv`.
+pub fn emit_with(program: &Program, isa: Isa, conv: CallConv) -> Result<MachineCode, EmitError> {
     let max_vregs = smallgemm_ir::Target::new(isa).vector_registers();
     if program.vregs > max_vregs {
         return Err(EmitError::TooManyVectorRegisters(program.vregs));
     }
-    let mut emitter = emit::Emitter::new(program, isa)?;
+    let mut emitter = emit::Emitter::new(program, isa, conv)?;
     emitter.body()?;
     emitter.finish()
 }

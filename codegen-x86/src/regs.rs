@@ -8,7 +8,8 @@ use crate::EmitError;
 /// The vector register for `v`: ymm on AVX2, zmm on AVX-512.
 pub(crate) fn vector(isa: Isa, v: VReg) -> Register {
     let first = match isa {
-        Isa::Avx2 => Register::YMM0,
+        // NEON programs are rejected before any register is mapped.
+        Isa::Avx2 | Isa::Neon => Register::YMM0,
         Isa::Avx512 => Register::ZMM0,
     };
     nth(first, v.0 as usize)

@@ -53,6 +53,8 @@ enum Region {
     B,
     C,
     Scratch,
+    /// The arrays of pointers of a pointer-array batch (A's, B's, C's).
+    Pointers(usize),
 }
 
 impl Region {
@@ -62,6 +64,9 @@ impl Region {
             Region::B => "B",
             Region::C => "C",
             Region::Scratch => "scratch",
+            Region::Pointers(0) => "the array of A pointers",
+            Region::Pointers(1) => "the array of B pointers",
+            Region::Pointers(_) => "the array of C pointers",
         }
     }
 }
@@ -79,6 +84,8 @@ struct Machine<'a, T: Element> {
     c: &'a mut [T],
     scratch: Vec<Option<T>>,
     params: &'a [T],
+    /// Pointer-array batches: element offsets into a, b, c, one per matrix.
+    pointers: Option<[&'a [usize]; 3]>,
     vregs: Vec<Option<[T; MAX_LANES]>>,
     gprs: Vec<Option<Value>>,
     masks: Vec<Option<usize>>,
@@ -92,6 +99,32 @@ pub fn interpret<T: Element>(
     a: &[T],
     b: &[T],
     c: &mut [T],
+    batch: usize,
+    params: &[T],
+) -> Result<(), InterpError> {
+    run(program, a, b, c, None, batch, params)
+}
+
+/// Runs a pointer-array `program`: matrix i of A starts at `a[offsets[0][i]]`, and likewise
+/// for B and C; the kernel's first three arguments are these arrays.
+pub fn interpret_pointer_arrays<T: Element>(
+    program: &Program,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    offsets: [&[usize]; 3],
+    batch: usize,
+    params: &[T],
+) -> Result<(), InterpError> {
+    run(program, a, b, c, Some(offsets), batch, params)
+}
+
+fn run<T: Element>(
+    program: &Program,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    pointers: Option<[&[usize]; 3]>,
     batch: usize,
     params: &[T],
 ) -> Result<(), InterpError> {
@@ -110,9 +143,17 @@ pub fn interpret<T: Element>(
     let elt = T::DTYPE.size();
     let mut gprs = vec![None; program.gprs.max(Gpr::FIRST_FREE as usize)];
     let at = |region| Some(Value::Address { region, offset: 0 });
-    gprs[Gpr::A.0 as usize] = at(Region::A);
-    gprs[Gpr::B.0 as usize] = at(Region::B);
-    gprs[Gpr::C.0 as usize] = at(Region::C);
+    let regions = match pointers {
+        None => [Region::A, Region::B, Region::C],
+        Some(_) => [
+            Region::Pointers(0),
+            Region::Pointers(1),
+            Region::Pointers(2),
+        ],
+    };
+    gprs[Gpr::A.0 as usize] = at(regions[0]);
+    gprs[Gpr::B.0 as usize] = at(regions[1]);
+    gprs[Gpr::C.0 as usize] = at(regions[2]);
     gprs[Gpr::BATCH.0 as usize] = Some(Value::Count(batch as i64));
     let mut machine = Machine {
         program,
@@ -121,6 +162,7 @@ pub fn interpret<T: Element>(
         c,
         scratch: vec![None; program.scratch_bytes as usize / elt],
         params,
+        pointers,
         vregs: vec![None; program.vregs],
         gprs,
         masks: vec![None; program.masks.len()],
@@ -180,6 +222,23 @@ impl<T: Element> Machine<'_, T> {
                 let x = self.read(op, *b, 0)?;
                 self.fma(op, *acc, *a, |_| x, *negate)?;
             }
+            Op::FmaLane {
+                acc,
+                a,
+                b,
+                lane,
+                negate,
+            } => {
+                let bv = self.get(op, *b)?;
+                let x = *bv
+                    .get(*lane as usize)
+                    .filter(|_| (*lane as usize) < lanes)
+                    .ok_or_else(|| InterpError::Undefined {
+                        op: format!("{op:?}"),
+                        what: format!("lane {lane} of a {lanes}-lane vector"),
+                    })?;
+                self.fma(op, *acc, *a, |_| x, *negate)?;
+            }
             Op::Add { dst, a, b } => self.binary(op, *dst, *a, *b, |x, y| x + y)?,
             Op::Sub { dst, a, b } => self.binary(op, *dst, *a, *b, |x, y| x - y)?,
             Op::Mul { dst, a, b } => self.binary(op, *dst, *a, *b, |x, y| x * y)?,
@@ -200,6 +259,42 @@ impl<T: Element> Machine<'_, T> {
                 self.write(op, *addr, 0, x)?;
             }
             Op::StoreConst { value, addr } => self.write(op, *addr, 0, T::from_f64(*value))?,
+            Op::LoadAddress { dst, addr } => {
+                let (region, offset) = match self.gpr(op, addr.base)? {
+                    Value::Address { region, offset } => (region, offset + addr.offset as i64),
+                    Value::Count(_) => {
+                        return Err(InterpError::NotAnAddress {
+                            op: format!("{op:?}"),
+                            gpr: addr.base,
+                        })
+                    }
+                };
+                let (Region::Pointers(which), Some(arrays)) = (region, self.pointers) else {
+                    return Err(InterpError::OutOfBounds {
+                        op: format!("{op:?} (not an array of pointers)"),
+                        region: region.name(),
+                        offset,
+                        bytes: 8,
+                        len: 0,
+                    });
+                };
+                let array = arrays[which];
+                if offset < 0 || offset % 8 != 0 || offset as usize / 8 >= array.len() {
+                    return Err(InterpError::OutOfBounds {
+                        op: format!("{op:?}"),
+                        region: region.name(),
+                        offset,
+                        bytes: 8,
+                        len: array.len() * 8,
+                    });
+                }
+                let target = [Region::A, Region::B, Region::C][which];
+                let elements = array[offset as usize / 8] as i64;
+                self.gprs[dst.0 as usize] = Some(Value::Address {
+                    region: target,
+                    offset: elements * T::DTYPE.size() as i64,
+                });
+            }
             Op::Copy { dst, src } => {
                 let v = self.gpr(op, *src)?;
                 self.gprs[dst.0 as usize] = Some(v);
@@ -369,6 +464,8 @@ impl<T: Element> Machine<'_, T> {
             Region::B => self.b.len(),
             Region::C => self.c.len(),
             Region::Scratch => self.scratch.len(),
+            // Only LoadAddress reads the pointer arrays.
+            Region::Pointers(_) => 0,
         };
         if offset < 0 || offset as usize / elt >= len {
             return Err(InterpError::OutOfBounds {
@@ -391,6 +488,13 @@ impl<T: Element> Machine<'_, T> {
             Region::Scratch => self.scratch[i].ok_or_else(|| InterpError::Undefined {
                 op: format!("{op:?}"),
                 what: format!("scratch element {i}"),
+            }),
+            Region::Pointers(_) => Err(InterpError::OutOfBounds {
+                op: format!("{op:?} (reads an array of pointers as data)"),
+                region: region.name(),
+                offset: i as i64,
+                bytes: T::DTYPE.size(),
+                len: 0,
             }),
         }
     }

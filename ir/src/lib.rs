@@ -28,15 +28,16 @@ pub use gpu::{
     plan_gpu, Accumulate, GpuResources, GpuSchedule, GpuScheduleError, GpuTarget, MmaShape,
     SharedLayout, Sm,
 };
-pub use interp::{interpret, InterpError};
+pub use interp::{interpret, interpret_pointer_arrays, InterpError};
 pub use lower::{lower, LowerError};
 pub use plan::{choose_unrolling, estimated_cycles, estimated_ops, plan, UNROLL_BUDGET};
 pub use program::{
     Addr, Gpr, MachineCode, Mask, MaskDecl, Op, OpCounts, Param, Program, Trips, VReg,
 };
-pub use schedule::{epilogue_temporaries, RegisterUse, Schedule, ScheduleError};
+pub use schedule::{epilogue_temporaries, BOperand, RegisterUse, Schedule, ScheduleError};
 pub use spec::{
-    ColMajorProblem, Dtype, GemmSpec, GemmSpecBuilder, Layout, Operand, Scalar, SpecError, Trans,
+    BatchForm, ColMajorProblem, Dtype, GemmSpec, GemmSpecBuilder, Layout, Operand, Scalar,
+    SpecError, Trans,
 };
 pub use target::{Isa, MaskSupport, Target};
 

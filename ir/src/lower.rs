@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use thiserror::Error;
 
 use crate::program::{Addr, Gpr, Mask, MaskDecl, Op, Param, Program, Trips, VReg};
-use crate::schedule::{RegisterUse, Schedule, ScheduleError};
-use crate::spec::{ColMajorProblem, Scalar, Trans};
+use crate::schedule::{BOperand, RegisterUse, Schedule, ScheduleError};
+use crate::spec::{BatchForm, ColMajorProblem, Scalar, Trans};
 use crate::target::{MaskSupport, Target};
 
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
@@ -38,16 +38,24 @@ const PANEL_OFFSET: i64 = 64;
 struct Cursor {
     reg: Gpr,
     offset: i64,
+    /// `reg` points at the block's address (an entry of a pointer array), not at the block:
+    /// the address must be loaded before the cursor can address memory.
+    indirect: bool,
 }
 
 impl Cursor {
     fn at(reg: Gpr) -> Cursor {
-        Cursor { reg, offset: 0 }
+        Cursor {
+            reg,
+            offset: 0,
+            indirect: false,
+        }
     }
     fn plus(self, bytes: i64) -> Cursor {
+        debug_assert!(!self.indirect || bytes == 0, "offset an unloaded pointer");
         Cursor {
-            reg: self.reg,
             offset: self.offset + bytes,
+            ..self
         }
     }
 }
@@ -63,6 +71,9 @@ struct RowBlock {
 /// Loop-carried general registers, one per role, so that sibling blocks reuse them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Role {
+    MatrixA,
+    MatrixB,
+    MatrixC,
     RowA,
     RowC,
     RowCount,
@@ -82,10 +93,16 @@ struct Lowering<'a> {
     elt: i64,
     lanes: usize,
     tail_mask: Option<Mask>,
+    /// Masks of partial B vectors (FMA by element), after the tail mask: (mask, lanes).
+    b_masks: Vec<(Mask, u32)>,
+    b_operand: BOperand,
     gprs: HashMap<Role, Gpr>,
     next_gpr: u8,
     /// Leading dimension (elements) of the packed op(A) panel.
     panel_ld: usize,
+    /// Where the current matrix's A, B and C are: in the argument registers (strided), or
+    /// behind them (pointer arrays: indirect cursors).
+    bases: [Cursor; 3],
 }
 
 /// Lowers `problem` with `schedule` for `target`.
@@ -110,9 +127,12 @@ pub fn lower(
         elt: problem.dtype.size() as i64,
         lanes,
         tail_mask: (problem.m % lanes != 0).then_some(Mask(0)),
+        b_masks: Vec::new(),
+        b_operand: BOperand::of(problem, target),
         gprs: HashMap::new(),
         next_gpr: Gpr::FIRST_FREE,
         panel_ld: schedule.m_vectors.min(problem.m.div_ceil(lanes)) * lanes,
+        bases: [Gpr::A, Gpr::B, Gpr::C].map(Cursor::at),
     };
     l.program()
 }
@@ -126,7 +146,7 @@ impl Lowering<'_> {
             let lanes = (p.m % self.lanes) as u32;
             let vreg = match self.target.masks() {
                 MaskSupport::VectorRegister => Some(VReg((self.regs.total() - 1) as u8)),
-                MaskSupport::MaskRegisters { .. } => None,
+                MaskSupport::MaskRegisters { .. } | MaskSupport::PartialAccess => None,
             };
             masks.push(MaskDecl { mask, lanes, vreg });
             setup.push(Op::SetMask { mask, lanes });
@@ -161,18 +181,37 @@ impl Lowering<'_> {
         };
 
         let mut body = Vec::new();
+        let arrays = [Gpr::A, Gpr::B, Gpr::C];
+        let strides = match p.batch_form {
+            BatchForm::Strided => [p.stride_a, p.stride_b, p.stride_c].map(|s| s as i64 * self.elt),
+            BatchForm::PointerArrays => {
+                // The argument registers walk the pointer arrays; blocks load the matrices'
+                // addresses from them as they start (`direct`). With alpha = 0 A and B are
+                // never read, so neither are their arrays (BLAS callers may pass null ones).
+                let reads_ab = p.alpha != Scalar::Zero;
+                for (i, base) in self.bases.iter_mut().enumerate() {
+                    base.indirect = i == 2 || reads_ab;
+                }
+                [8; 3]
+            }
+        };
         self.rows(&mut body)?;
-        for (reg, stride) in [
-            (Gpr::A, p.stride_a),
-            (Gpr::B, p.stride_b),
-            (Gpr::C, p.stride_c),
-        ] {
-            if stride != 0 {
+        for (reg, bytes) in arrays.into_iter().zip(strides) {
+            if bytes != 0 {
                 body.push(Op::AddImm {
                     dst: reg,
-                    imm: imm(stride as i64 * self.elt)?,
+                    imm: imm(bytes)?,
                 });
             }
+        }
+        // Partial B vectors: only targets with FMA by element, whose masks take no register.
+        for &(mask, lanes) in &self.b_masks {
+            masks.push(MaskDecl {
+                mask,
+                lanes,
+                vreg: None,
+            });
+            setup.insert(0, Op::SetMask { mask, lanes });
         }
         let mut ops = setup;
         ops.push(Op::Loop {
@@ -232,25 +271,9 @@ impl Lowering<'_> {
     ) -> Result<(), LowerError> {
         let [(r0, c0, step0), (r1, c1, step1)] = cursors;
         if count >= 2 && !unroll {
-            let (g0, g1) = (self.gpr(r0), self.gpr(r1));
-            out.push(Op::Copy {
-                dst: g0,
-                src: c0.reg,
-            });
-            out.push(Op::Copy {
-                dst: g1,
-                src: c1.reg,
-            });
-            let (k0, k1) = (
-                Cursor {
-                    reg: g0,
-                    offset: c0.offset,
-                },
-                Cursor {
-                    reg: g1,
-                    offset: c1.offset,
-                },
-            );
+            let k0 = self.cursor_in(out, r0, c0);
+            let k1 = self.cursor_in(out, r1, c1);
+            let (g0, g1) = (k0.reg, k1.reg);
             let mut body = Vec::new();
             block(self, &mut body, [k0, k1], false)?;
             body.push(Op::AddImm {
@@ -271,6 +294,7 @@ impl Lowering<'_> {
                 block(self, out, [k0, k1], true)?;
             }
         } else {
+            let (c0, c1) = (self.direct(out, c0), self.direct(out, c1));
             for i in 0..count as i64 {
                 block(self, out, [c0.plus(i * step0), c1.plus(i * step1)], false)?;
             }
@@ -280,6 +304,38 @@ impl Lowering<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A cursor in the register of `role`, starting where `c` does: a copy of `c`'s register
+    /// (the offset stays constant), or the address loaded through an indirect `c`.
+    fn cursor_in(&mut self, out: &mut Vec<Op>, role: Role, c: Cursor) -> Cursor {
+        let dst = self.gpr(role);
+        if c.indirect {
+            out.push(Op::LoadAddress {
+                dst,
+                addr: Addr::new(c.reg, c.offset as i32),
+            });
+            Cursor::at(dst)
+        } else {
+            out.push(Op::Copy { dst, src: c.reg });
+            Cursor { reg: dst, ..c }
+        }
+    }
+
+    /// `c` as a cursor that addresses memory: indirect ones load the matrix's address into
+    /// the register of that matrix (only blocks that are inlined need one).
+    fn direct(&mut self, out: &mut Vec<Op>, c: Cursor) -> Cursor {
+        if !c.indirect {
+            return c;
+        }
+        let role = [Role::MatrixA, Role::MatrixB, Role::MatrixC]
+            [self.bases.iter().position(|b| b.reg == c.reg).unwrap_or(2)];
+        let dst = self.gpr(role);
+        out.push(Op::LoadAddress {
+            dst,
+            addr: Addr::new(c.reg, c.offset as i32),
+        });
+        Cursor::at(dst)
     }
 
     /// All row blocks of one matrix.
@@ -298,8 +354,8 @@ impl Lowering<'_> {
             full,
             self.s.unroll_m_blocks,
             [
-                (Role::RowA, Cursor::at(Gpr::A), a_step),
-                (Role::RowC, Cursor::at(Gpr::C), c_step),
+                (Role::RowA, self.bases[0], a_step),
+                (Role::RowC, self.bases[2], c_step),
             ],
             Role::RowCount,
             |l, out, [a, c], last| {
@@ -322,10 +378,7 @@ impl Lowering<'_> {
         let (a, a_col) = if p.trans_a == Trans::T && p.alpha != Scalar::Zero {
             self.pack_panel(out, a, rb)?;
             (
-                Cursor {
-                    reg: Gpr::SCRATCH,
-                    offset: PANEL_OFFSET,
-                },
+                Cursor::at(Gpr::SCRATCH).plus(PANEL_OFFSET),
                 self.panel_ld as i64 * self.elt,
             )
         } else {
@@ -339,7 +392,7 @@ impl Lowering<'_> {
             full,
             self.s.unroll_n_blocks,
             [
-                (Role::ColB, Cursor::at(Gpr::B), nr as i64 * b_col),
+                (Role::ColB, self.bases[1], nr as i64 * b_col),
                 (Role::ColC, c, (nr * p.ldc) as i64 * self.elt),
             ],
             Role::ColCount,
@@ -367,24 +420,26 @@ impl Lowering<'_> {
         }
     }
 
-    /// Runs `step(out, p, a, b)` for every p in 0..k: inline, or in a loop of `k_unroll`
-    /// steps that advances two cursors by `a_step` and `b_step` bytes per step.
+    /// Runs `step(out, a, b)` `k` times: inline, or in a loop of `u` steps (0 unrolls
+    /// fully) that advances two cursors by `a_step` and `b_step` bytes per step. Returns
+    /// the cursors just past the last step.
+    #[allow(clippy::too_many_arguments)]
     fn steps(
         &mut self,
         out: &mut Vec<Op>,
+        (k, u): (usize, usize),
         a: Cursor,
         a_step: i64,
         b: Cursor,
         b_step: i64,
         mut step: impl FnMut(&mut Self, &mut Vec<Op>, Cursor, Cursor) -> Result<(), LowerError>,
-    ) -> Result<(), LowerError> {
-        let k = self.p.k;
-        let u = self.s.k_unroll;
+    ) -> Result<[Cursor; 2], LowerError> {
         if u == 0 || k / u < 2 {
             for i in 0..k as i64 {
                 step(self, out, a.plus(i * a_step), b.plus(i * b_step))?;
             }
-            return Ok(());
+            let n = k as i64;
+            return Ok([a.plus(n * a_step), b.plus(n * b_step)]);
         }
         let (ga, gb) = (self.gpr(Role::StepA), self.gpr(Role::StepB));
         out.push(Op::Copy {
@@ -395,16 +450,7 @@ impl Lowering<'_> {
             dst: gb,
             src: b.reg,
         });
-        let (ka, kb) = (
-            Cursor {
-                reg: ga,
-                offset: a.offset,
-            },
-            Cursor {
-                reg: gb,
-                offset: b.offset,
-            },
-        );
+        let (ka, kb) = (Cursor::at(ga).plus(a.offset), Cursor::at(gb).plus(b.offset));
         let mut body = Vec::new();
         for i in 0..u as i64 {
             step(self, &mut body, ka.plus(i * a_step), kb.plus(i * b_step))?;
@@ -426,7 +472,8 @@ impl Lowering<'_> {
         for i in 0..(k % u) as i64 {
             step(self, out, ka.plus(i * a_step), kb.plus(i * b_step))?;
         }
-        Ok(())
+        let n = (k % u) as i64;
+        Ok([ka.plus(n * a_step), kb.plus(n * b_step)])
     }
 
     /// Copies op(A)[rows of rb, 0..k] (stored transposed at `a`) into the scratch panel,
@@ -434,11 +481,9 @@ impl Lowering<'_> {
     fn pack_panel(&mut self, out: &mut Vec<Op>, a: Cursor, rb: RowBlock) -> Result<(), LowerError> {
         let (elt, lda, ld) = (self.elt, self.p.lda as i64, self.panel_ld as i64);
         let t = self.temp(0);
-        let dst = Cursor {
-            reg: Gpr::SCRATCH,
-            offset: PANEL_OFFSET,
-        };
-        self.steps(out, a, elt, dst, ld * elt, |_, out, src, dst| {
+        let dst = Cursor::at(Gpr::SCRATCH).plus(PANEL_OFFSET);
+        let k = (self.p.k, self.s.k_unroll);
+        self.steps(out, k, a, elt, dst, ld * elt, |_, out, src, dst| {
             for i in 0..rb.rows as i64 {
                 out.push(Op::LoadScalar {
                     dst: t,
@@ -450,7 +495,8 @@ impl Lowering<'_> {
                 });
             }
             Ok(())
-        })
+        })?;
+        Ok(())
     }
 
     /// One register block: accumulate over k, then the epilogue.
@@ -474,9 +520,29 @@ impl Lowering<'_> {
         }
         if self.p.alpha != Scalar::Zero {
             let b_row = self.b_row_bytes();
-            self.steps(out, a, a_col, b, b_row, |l, out, a, b| {
-                l.step(out, a, b, rb, cols)
-            })?;
+            let (k, u) = (self.p.k, self.s.k_unroll);
+            if self.b_operand == BOperand::VectorsAlongK {
+                // Groups of `lanes` steps share one B vector per column; a partial group last.
+                let g = self.lanes;
+                let a_group = g as i64 * a_col;
+                let b_group = g as i64 * b_row;
+                let [a_end, b_end] = self.steps(
+                    out,
+                    (k / g, u.div_ceil(g)),
+                    a,
+                    a_group,
+                    b,
+                    b_group,
+                    |l, out, a, b| l.k_group(out, a, a_col, b, rb, cols, g),
+                )?;
+                if k % g != 0 {
+                    self.k_group(out, a_end, a_col, b_end, rb, cols, k % g)?;
+                }
+            } else {
+                self.steps(out, (k, u), a, a_col, b, b_row, |l, out, a, b| {
+                    l.step(out, a, b, rb, cols)
+                })?;
+            }
         }
         self.epilogue(out, c, rb, cols)
     }
@@ -493,7 +559,8 @@ impl Lowering<'_> {
     ) -> Result<(), LowerError> {
         let negate = self.p.alpha == Scalar::MinusOne;
         let vec_bytes = (self.lanes as i64) * self.elt;
-        let a_reg = |v: usize| self.temp(v);
+        let a_regs: Vec<VReg> = (0..rb.vectors).map(|v| self.temp(v)).collect();
+        let a_reg = |v: usize| a_regs[v];
         for v in 0..rb.vectors {
             out.push(Op::Load {
                 dst: a_reg(v),
@@ -502,6 +569,31 @@ impl Lowering<'_> {
             });
         }
         let b_col = self.b_col_bytes();
+        if self.b_operand == BOperand::VectorsAlongN {
+            // op(B)[p, j..j + lanes] is one vector: load it once, FMA by each of its lanes.
+            for (g, first) in (0..cols).step_by(self.lanes).enumerate() {
+                let n = self.lanes.min(cols - first);
+                let bv = self.temp(self.s.m_vectors + g);
+                let mask = self.b_mask(n);
+                out.push(Op::Load {
+                    dst: bv,
+                    addr: addr(b.plus(first as i64 * b_col))?,
+                    mask,
+                });
+                for j in first..first + n {
+                    for v in 0..rb.vectors {
+                        out.push(Op::FmaLane {
+                            acc: self.acc(v, j),
+                            a: self.temp(v),
+                            b: bv,
+                            lane: (j - first) as u8,
+                            negate,
+                        });
+                    }
+                }
+            }
+            return Ok(());
+        }
         for j in 0..cols {
             let b_addr = addr(b.plus(j as i64 * b_col))?;
             if self.target.fma_broadcast_operand() {
@@ -530,6 +622,76 @@ impl Lowering<'_> {
             }
         }
         Ok(())
+    }
+
+    /// `steps` (at most `lanes`) steps of k with FMA by element, op(B) not transposed: one B
+    /// vector per column holds op(B)[p..p + steps, j]; each step loads its A vectors and
+    /// multiplies them by lane (step) of every column's B vector.
+    #[allow(clippy::too_many_arguments)]
+    fn k_group(
+        &mut self,
+        out: &mut Vec<Op>,
+        a: Cursor,
+        a_col: i64,
+        b: Cursor,
+        rb: RowBlock,
+        cols: usize,
+        steps: usize,
+    ) -> Result<(), LowerError> {
+        let negate = self.p.alpha == Scalar::MinusOne;
+        let vec_bytes = (self.lanes as i64) * self.elt;
+        let b_col = self.b_col_bytes();
+        let mask = self.b_mask(steps);
+        for j in 0..cols {
+            out.push(Op::Load {
+                dst: self.temp(self.s.m_vectors + j),
+                addr: addr(b.plus(j as i64 * b_col))?,
+                mask,
+            });
+        }
+        for s in 0..steps {
+            let a = a.plus(s as i64 * a_col);
+            for v in 0..rb.vectors {
+                out.push(Op::Load {
+                    dst: self.temp(v),
+                    addr: addr(a.plus(v as i64 * vec_bytes))?,
+                    mask: self.mask_for(rb, v),
+                });
+            }
+            for j in 0..cols {
+                for v in 0..rb.vectors {
+                    out.push(Op::FmaLane {
+                        acc: self.acc(v, j),
+                        a: self.temp(v),
+                        b: self.temp(self.s.m_vectors + j),
+                        lane: s as u8,
+                        negate,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The mask of a B vector with `lanes` elements: none for a whole vector; the tail mask
+    /// when it has as many lanes, else one more mask (FMA-by-element targets keep masks in
+    /// no register, see `MaskSupport::PartialAccess`).
+    fn b_mask(&mut self, lanes: usize) -> Option<Mask> {
+        if lanes >= self.lanes {
+            return None;
+        }
+        let lanes = lanes as u32;
+        if let Some(tail) = self.tail_mask {
+            if (self.p.m % self.lanes) as u32 == lanes {
+                return Some(tail);
+            }
+        }
+        if let Some(&(mask, _)) = self.b_masks.iter().find(|(_, n)| *n == lanes) {
+            return Some(mask);
+        }
+        let mask = Mask(self.tail_mask.is_some() as u8 + self.b_masks.len() as u8);
+        self.b_masks.push((mask, lanes));
+        Some(mask)
     }
 
     fn mask_for(&self, rb: RowBlock, vector: usize) -> Option<Mask> {

@@ -1,6 +1,6 @@
 //! The planner: a good default `Schedule` for a problem on a target, from a cost model.
 
-use crate::schedule::Schedule;
+use crate::schedule::{BOperand, Schedule};
 use crate::spec::{ColMajorProblem, Scalar, Trans};
 use crate::target::Target;
 
@@ -77,13 +77,15 @@ fn pieces(total: usize, block: usize) -> [(usize, usize); 2] {
 pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f64 {
     let lanes = target.lanes(problem.dtype);
     let c_reads = (problem.beta != Scalar::Zero) as usize as f64;
+    let b_operand = BOperand::of(problem, target);
     let mut cycles = 0.0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
         let vectors = rows.div_ceil(lanes) as f64;
         for (cols, col_count) in pieces(problem.n, s.n_cols) {
+            let b_loads = b_operand.loads_per_step(cols, lanes);
             let cols = cols as f64;
             let fmas = vectors * cols;
-            let loads = vectors + cols;
+            let loads = vectors + b_loads;
             let step = (fmas / target.fma_per_cycle())
                 .max(loads / target.loads_per_cycle())
                 .max(if fmas > 0.0 { FMA_LATENCY } else { 0.0 });
@@ -106,7 +108,7 @@ pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) ->
     } else {
         s.k_unroll + k % s.k_unroll
     };
-    let broadcasts = !target.fma_broadcast_operand() as usize;
+    let b_operand = BOperand::of(problem, target);
     let instances = |count: usize, unroll: bool| if unroll { count } else { count.min(1) };
     let mut ops = 0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
@@ -116,7 +118,11 @@ pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) ->
             panel += 2 * rows * steps;
         }
         for (cols, col_count) in pieces(problem.n, s.n_cols) {
-            let step = vectors + cols * (vectors + broadcasts);
+            let b_ops = match b_operand {
+                BOperand::Memory => 0,
+                b => b.loads_per_step(cols, lanes).ceil() as usize,
+            };
+            let step = vectors + cols * vectors + b_ops;
             panel += instances(col_count, s.unroll_n_blocks) * (steps * step + 4 * vectors * cols);
         }
         ops += instances(row_count, s.unroll_m_blocks) * panel;

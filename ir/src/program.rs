@@ -2,8 +2,9 @@
 //! registers. Every CPU backend turns each `Op` into one or a few instructions.
 //!
 //! The kernel's arguments are the pointers to A, B and C of the first matrix of the batch
-//! (general registers 0, 1, 2), the batch length (general register 3), then the run-time
-//! scalars listed in [`Program::params`], in that order.
+//! (general registers 0, 1, 2) — or, for pointer-array batches, the addresses of the three
+//! arrays of pointers — the batch length (general register 3), then the run-time scalars
+//! listed in [`Program::params`], in that order.
 
 use std::fmt;
 
@@ -104,6 +105,15 @@ pub enum Op {
         b: Addr,
         negate: bool,
     },
+    /// acc = acc ± a * (lane `lane` of b), one rounding; only on targets with
+    /// `fma_by_element`.
+    FmaLane {
+        acc: VReg,
+        a: VReg,
+        b: VReg,
+        lane: u8,
+        negate: bool,
+    },
     /// dst = a + b.
     Add { dst: VReg, a: VReg, b: VReg },
     /// dst = a - b.
@@ -116,6 +126,8 @@ pub enum Op {
     StoreParam { param: Param, addr: Addr },
     /// Store the constant scalar `value` (rounded to the program's dtype) at addr.
     StoreConst { value: f64, addr: Addr },
+    /// dst = the 64-bit address stored at addr (pointer-array batches).
+    LoadAddress { dst: Gpr, addr: Addr },
     /// dst = src.
     Copy { dst: Gpr, src: Gpr },
     /// dst = dst + imm.
@@ -174,7 +186,7 @@ impl Program {
                     Op::Load { .. } | Op::LoadScalar { .. } => c.loads += times,
                     Op::Broadcast { .. } => c.broadcasts += times,
                     Op::Store { .. } | Op::StoreScalar { .. } => c.stores += times,
-                    Op::Fma { .. } => c.fmas += times,
+                    Op::Fma { .. } | Op::FmaLane { .. } => c.fmas += times,
                     Op::FmaBroadcast { .. } => {
                         c.fmas += times;
                         c.broadcasts += times
@@ -282,6 +294,20 @@ impl fmt::Display for Program {
                         neg(negate),
                         a.0
                     )?,
+                    Op::FmaLane {
+                        acc,
+                        a,
+                        b,
+                        lane,
+                        negate,
+                    } => writeln!(
+                        f,
+                        "{pad}v{} {} v{} * v{}[{lane}]",
+                        acc.0,
+                        neg(negate),
+                        a.0,
+                        b.0
+                    )?,
                     Op::Add { dst, a, b } => writeln!(f, "{pad}v{} = v{} + v{}", dst.0, a.0, b.0)?,
                     Op::Sub { dst, a, b } => writeln!(f, "{pad}v{} = v{} - v{}", dst.0, a.0, b.0)?,
                     Op::Mul { dst, a, b } => writeln!(f, "{pad}v{} = v{} * v{}", dst.0, a.0, b.0)?,
@@ -293,6 +319,9 @@ impl fmt::Display for Program {
                     }
                     Op::StoreConst { value, addr } => {
                         writeln!(f, "{pad}store.scalar {addr} = {value}")?
+                    }
+                    Op::LoadAddress { dst, addr } => {
+                        writeln!(f, "{pad}{dst} = load.address {addr}")?
                     }
                     Op::Copy { dst, src } => writeln!(f, "{pad}{dst} = {src}")?,
                     Op::AddImm { dst, imm } => writeln!(f, "{pad}{dst} += {imm}")?,

@@ -3,7 +3,7 @@
 //! and the gaps between batch entries), and NaN in C when beta = 0.
 
 use crate::element::Element;
-use crate::spec::{GemmSpec, Operand, Scalar};
+use crate::spec::{BatchForm, GemmSpec, Operand, Scalar};
 
 /// Sentinel written everywhere in C's buffer that the GEMM must not touch.
 pub const SENTINEL: f64 = -7.0e5 - 0.3125;
@@ -58,25 +58,21 @@ pub struct Expected {
     pub scale: f64,
 }
 
-/// C_i[row, col] of matrix `index` of the batch after the GEMM, in double-double arithmetic.
-/// `c` is C before the GEMM; with beta = 0 it is not read (BLAS semantics).
+/// C[row, col] after the GEMM of the matrices that start at element offsets `[oa, ob, oc]`
+/// of `a`, `b`, `c`, in double-double arithmetic. `c` is C before the GEMM; with beta = 0 it
+/// is not read (BLAS semantics).
 #[allow(clippy::too_many_arguments)]
 pub fn expected<T: Element>(
     spec: &GemmSpec,
     a: &[T],
     b: &[T],
     c: &[T],
-    index: usize,
+    [oa, ob, oc]: [usize; 3],
     row: usize,
     col: usize,
     alpha: f64,
     beta: f64,
 ) -> Expected {
-    let (oa, ob, oc) = (
-        index * spec.stride(Operand::A),
-        index * spec.stride(Operand::B),
-        index * spec.stride(Operand::C),
-    );
     let mut sum = DoubleDouble::default();
     let mut magnitude = 0.0;
     if alpha != 0.0 {
@@ -136,13 +132,16 @@ impl SplitMix64 {
 
 /// Operands for one checked run of a spec: A and B random, C random (or NaN when beta = 0)
 /// inside the m x n blocks and `SENTINEL` everywhere else, including `GUARD` elements on
-/// either side of the slice the kernel gets.
+/// either side of the slice the kernel gets. Strided batches use the spec's strides;
+/// pointer-array batches place the matrices in a shuffled order with gaps between them.
 #[derive(Clone, Debug)]
 pub struct TestData<T: Element> {
     pub spec: GemmSpec,
     pub batch: usize,
     pub a: Vec<T>,
     pub b: Vec<T>,
+    /// Element offset of each matrix of A, B and C in `a`, `b` and `c()`.
+    pub offsets: [Vec<usize>; 3],
     /// C with the guards: the kernel's C is `c[GUARD..GUARD + len]`, see [`Self::c_mut`].
     c_guarded: Vec<T>,
     /// `c_guarded` as it was before the kernel ran.
@@ -168,20 +167,28 @@ impl CheckReport {
 impl<T: Element> TestData<T> {
     pub fn new(spec: &GemmSpec, batch: usize, seed: u64) -> Self {
         let mut rng = SplitMix64::new(seed);
+        let operands = [Operand::A, Operand::B, Operand::C];
+        let offsets: [Vec<usize>; 3] = operands.map(|operand| match spec.batch_form() {
+            BatchForm::Strided => (0..batch).map(|i| i * spec.stride(operand)).collect(),
+            BatchForm::PointerArrays => scattered(&mut rng, spec.footprint(operand), batch),
+        });
+        // Each buffer ends where its last matrix does.
+        let [a_len, b_len, c_len] = [0, 1, 2].map(|o| {
+            let footprint = spec.footprint(operands[o]);
+            offsets[o].iter().map(|&x| x + footprint).max().unwrap_or(0)
+        });
         let mut random =
             |n: usize| -> Vec<T> { (0..n).map(|_| T::from_f64(rng.nonzero())).collect() };
-        let a = random(spec.required_len(Operand::A, batch));
-        let b = random(spec.required_len(Operand::B, batch));
-        let c_len = spec.required_len(Operand::C, batch);
+        let a = random(a_len);
+        let b = random(b_len);
         let mut c_guarded = vec![T::from_f64(SENTINEL); c_len + 2 * GUARD];
         let nan_c = spec.beta() == Scalar::Zero;
         let fill = random(spec.m() * spec.n() * batch);
         let mut values = fill.into_iter();
-        for index in 0..batch {
+        for &offset in &offsets[2] {
             for col in 0..spec.n() {
                 for row in 0..spec.m() {
-                    let at =
-                        GUARD + index * spec.stride(Operand::C) + spec.index(Operand::C, row, col);
+                    let at = GUARD + offset + spec.index(Operand::C, row, col);
                     let v = values.next().expect("one value per element");
                     c_guarded[at] = if nan_c { T::from_f64(f64::NAN) } else { v };
                 }
@@ -192,6 +199,7 @@ impl<T: Element> TestData<T> {
             batch,
             a,
             b,
+            offsets,
             c_before: c_guarded.clone(),
             c_guarded,
         }
@@ -225,9 +233,10 @@ impl<T: Element> TestData<T> {
         for index in 0..self.batch {
             for col in 0..spec.n() {
                 for row in 0..spec.m() {
-                    let at = index * spec.stride(Operand::C) + spec.index(Operand::C, row, col);
+                    let at = self.offsets[2][index] + spec.index(Operand::C, row, col);
                     inside[GUARD + at] = true;
-                    let e = expected(spec, &self.a, &self.b, before, index, row, col, alpha, beta);
+                    let o = [0, 1, 2].map(|x| self.offsets[x][index]);
+                    let e = expected(spec, &self.a, &self.b, before, o, row, col, alpha, beta);
                     // Round the exact value to T before comparing: that much error is free.
                     let exact = T::from_f64(e.value).to_f64();
                     let got = self.c()[at].to_f64();
@@ -268,4 +277,20 @@ impl<T: Element> TestData<T> {
             failure,
         }
     }
+}
+
+/// Offsets of `batch` matrices of `footprint` elements, in a shuffled order with gaps of 0..3
+/// elements between them: pointer arrays need not be ordered or evenly spaced.
+fn scattered(rng: &mut SplitMix64, footprint: usize, batch: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..batch).collect();
+    for i in (1..batch).rev() {
+        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let mut offsets = vec![0; batch];
+    let mut next = 0;
+    for slot in order {
+        offsets[slot] = next;
+        next += footprint + (rng.next_u64() % 4) as usize;
+    }
+    offsets
 }

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::spec::{ColMajorProblem, Scalar};
+use crate::spec::{ColMajorProblem, Scalar, Trans};
 use crate::target::{MaskSupport, Target};
 
 /// How a CPU kernel is blocked and unrolled. The planner picks one; the tuner may replace it.
@@ -49,7 +49,8 @@ pub struct RegisterUse {
     pub accumulators: usize,
     /// A vectors of one step of k.
     pub a_vectors: usize,
-    /// Registers to broadcast B into (0 when FMA broadcasts from memory).
+    /// Registers holding B during a step of k: one to broadcast into, none when FMA
+    /// broadcasts from memory, whole vectors of B with FMA by element (see [`BOperand`]).
     pub broadcast: usize,
     /// Temporaries of the alpha/beta epilogue (they reuse the A and broadcast registers).
     pub epilogue: usize,
@@ -60,6 +61,56 @@ pub struct RegisterUse {
 impl RegisterUse {
     pub fn total(&self) -> usize {
         self.accumulators + (self.a_vectors + self.broadcast).max(self.epilogue) + self.masks
+    }
+}
+
+/// How a step of k gets its elements of op(B) to the FMAs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BOperand {
+    /// The FMA broadcasts the element from memory (AVX-512 `{1toN}`): no register.
+    Memory,
+    /// One broadcast per element into a register, reused by the block's column.
+    Broadcast,
+    /// FMA by element, op(B)'s columns contiguous (B not transposed): one vector per column
+    /// of the block holds `lanes` consecutive steps of k.
+    VectorsAlongK,
+    /// FMA by element, op(B)'s rows contiguous (B transposed): one vector per `lanes`
+    /// columns of the block holds their elements of one step of k.
+    VectorsAlongN,
+}
+
+impl BOperand {
+    pub fn of(problem: &ColMajorProblem, target: Target) -> BOperand {
+        if target.fma_by_element() {
+            match problem.trans_b {
+                Trans::N => BOperand::VectorsAlongK,
+                Trans::T => BOperand::VectorsAlongN,
+            }
+        } else if target.fma_broadcast_operand() {
+            BOperand::Memory
+        } else {
+            BOperand::Broadcast
+        }
+    }
+
+    /// Vector registers holding B for a block of `cols` columns.
+    pub fn registers(self, cols: usize, lanes: usize) -> usize {
+        match self {
+            BOperand::Memory => 0,
+            BOperand::Broadcast => 1,
+            BOperand::VectorsAlongK => cols,
+            BOperand::VectorsAlongN => cols.div_ceil(lanes),
+        }
+    }
+
+    /// Loads of B per step of k for a block of `cols` columns (amortised over a group of
+    /// `lanes` steps along k); embedded broadcasts count as loads.
+    pub fn loads_per_step(self, cols: usize, lanes: usize) -> f64 {
+        match self {
+            BOperand::Memory | BOperand::Broadcast => cols as f64,
+            BOperand::VectorsAlongK => cols as f64 / lanes as f64,
+            BOperand::VectorsAlongN => cols.div_ceil(lanes) as f64,
+        }
     }
 }
 
@@ -78,11 +129,11 @@ impl Schedule {
         RegisterUse {
             accumulators: self.m_vectors * self.n_cols,
             a_vectors: self.m_vectors,
-            broadcast: (!target.fma_broadcast_operand()) as usize,
+            broadcast: BOperand::of(problem, target).registers(self.n_cols, lanes),
             epilogue: epilogue_temporaries(problem.alpha, problem.beta),
             masks: match target.masks() {
                 MaskSupport::VectorRegister => has_tail as usize,
-                MaskSupport::MaskRegisters { .. } => 0,
+                MaskSupport::MaskRegisters { .. } | MaskSupport::PartialAccess => 0,
             },
         }
     }

@@ -122,6 +122,18 @@ impl std::fmt::Display for Scalar {
     }
 }
 
+/// How the kernel finds the matrices of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BatchForm {
+    /// Matrix i of X starts `i * stride_x` elements after the first: the kernel takes the
+    /// first matrix's address and the strides are constants in its code.
+    Strided,
+    /// The kernel takes arrays of `batch` pointers, one per matrix (MKL's and MAGMA's
+    /// pointer-array batches); the strides are unused.
+    PointerArrays,
+}
+
 /// Which matrix an error or a dimension is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Operand {
@@ -180,6 +192,7 @@ pub struct GemmSpec {
     stride_a: usize,
     stride_b: usize,
     stride_c: usize,
+    batch_form: BatchForm,
 }
 
 /// Builder for [`GemmSpec`]: start from [`GemmSpec::builder`], which defaults to column-major,
@@ -201,6 +214,7 @@ pub struct GemmSpecBuilder {
     stride_a: Option<usize>,
     stride_b: Option<usize>,
     stride_c: Option<usize>,
+    batch_form: BatchForm,
 }
 
 impl GemmSpecBuilder {
@@ -252,6 +266,12 @@ impl GemmSpecBuilder {
         self
     }
 
+    /// The kernel takes arrays of pointers to the matrices instead of strided batches.
+    pub fn pointer_arrays(mut self) -> Self {
+        self.batch_form = BatchForm::PointerArrays;
+        self
+    }
+
     pub fn build(self) -> Result<GemmSpec, SpecError> {
         for (dim, v) in [("m", self.m), ("n", self.n), ("k", self.k)] {
             if v == 0 {
@@ -274,6 +294,7 @@ impl GemmSpecBuilder {
             stride_a: 0,
             stride_b: 0,
             stride_c: 0,
+            batch_form: self.batch_form,
         };
         for (operand, ld) in [
             (Operand::A, self.lda),
@@ -290,7 +311,7 @@ impl GemmSpecBuilder {
         spec.stride_a = self.stride_a.unwrap_or(spec.footprint(Operand::A));
         spec.stride_b = self.stride_b.unwrap_or(spec.footprint(Operand::B));
         spec.stride_c = self.stride_c.unwrap_or(spec.footprint(Operand::C));
-        if spec.stride_c < spec.footprint(Operand::C) {
+        if spec.batch_form == BatchForm::Strided && spec.stride_c < spec.footprint(Operand::C) {
             return Err(SpecError::OverlappingC {
                 stride: spec.stride_c,
                 min: spec.footprint(Operand::C),
@@ -344,6 +365,7 @@ impl GemmSpec {
             stride_a: None,
             stride_b: None,
             stride_c: None,
+            batch_form: BatchForm::Strided,
         }
     }
 
@@ -373,6 +395,9 @@ impl GemmSpec {
     }
     pub fn beta(&self) -> Scalar {
         self.beta
+    }
+    pub fn batch_form(&self) -> BatchForm {
+        self.batch_form
     }
 
     /// Leading dimension of an operand, in elements.
@@ -438,11 +463,12 @@ impl GemmSpec {
         self.ld(operand) * (other - 1) + lead
     }
 
-    /// Elements a slice must hold for `batch` matrices of this operand (saturating at
-    /// `usize::MAX`, which no slice holds).
+    /// Elements a slice must hold for `batch` strided matrices of this operand (saturating at
+    /// `usize::MAX`, which no slice holds). For pointer arrays: what each pointer must hold.
     pub fn required_len(&self, operand: Operand, batch: usize) -> usize {
-        match batch {
-            0 => 0,
+        match (batch, self.batch_form) {
+            (0, _) => 0,
+            (_, BatchForm::PointerArrays) => self.footprint(operand),
             _ => self
                 .stride(operand)
                 .saturating_mul(batch - 1)
@@ -488,6 +514,7 @@ impl GemmSpec {
             stride_a: self.stride_a,
             stride_b: self.stride_b,
             stride_c: self.stride_c,
+            batch_form: self.batch_form,
             swap_operands: false,
         };
         match self.layout {
@@ -520,8 +547,14 @@ impl GemmSpec {
             Scalar::Runtime => "r".to_string(),
             Scalar::Fixed(bits) => format!("x{bits:016x}"),
         };
+        let batch = match self.batch_form {
+            BatchForm::Strided => {
+                format!("s{}x{}x{}", self.stride_a, self.stride_b, self.stride_c)
+            }
+            BatchForm::PointerArrays => "p".to_string(),
+        };
         format!(
-            "{}gemm_{}{}{}_m{}n{}k{}_ld{}x{}x{}_a{}_b{}_s{}x{}x{}",
+            "{}gemm_{}{}{}_m{}n{}k{}_ld{}x{}x{}_a{}_b{}_{batch}",
             match self.dtype {
                 Dtype::F16 => 'h',
                 Dtype::F32 => 's',
@@ -541,9 +574,6 @@ impl GemmSpec {
             self.ldc,
             s(self.alpha),
             s(self.beta),
-            self.stride_a,
-            self.stride_b,
-            self.stride_c
         )
     }
 }
@@ -565,6 +595,7 @@ pub struct ColMajorProblem {
     pub stride_a: usize,
     pub stride_b: usize,
     pub stride_c: usize,
+    pub batch_form: BatchForm,
     /// The kernel's A is the caller's B and vice versa (row-major specs).
     pub swap_operands: bool,
 }

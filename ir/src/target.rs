@@ -12,6 +12,8 @@ pub enum Isa {
     Avx2,
     /// x86-64 with AVX-512 F/VL/DQ/BW: 32 zmm registers, opmask registers, embedded broadcast.
     Avx512,
+    /// AArch64 Advanced SIMD (NEON): 32 128-bit registers, FMA by element, no masks.
+    Neon,
 }
 
 impl Isa {
@@ -19,6 +21,7 @@ impl Isa {
         match self {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
         }
     }
 }
@@ -29,7 +32,10 @@ impl std::str::FromStr for Isa {
         match s {
             "avx2" => Ok(Isa::Avx2),
             "avx512" => Ok(Isa::Avx512),
-            other => Err(format!("unknown ISA {other:?} (expected avx2 or avx512)")),
+            "neon" => Ok(Isa::Neon),
+            other => Err(format!(
+                "unknown ISA {other:?} (expected avx2, avx512 or neon)"
+            )),
         }
     }
 }
@@ -47,6 +53,9 @@ pub enum MaskSupport {
     MaskRegisters { count: u32 },
     /// The mask lives in a vector register (AVX2 `vmaskmov`): one register less for blocking.
     VectorRegister,
+    /// No masks at all: the backend loads and stores the enabled lanes alone (AArch64
+    /// `ldr d`/`ldr s`, lane inserts), so neither a register nor a setup is spent.
+    PartialAccess,
 }
 
 /// A machine to generate code for. Detected at run time by the runtime, or built by hand for
@@ -60,6 +69,7 @@ pub struct Target {
 impl Target {
     pub const AVX2: Target = Target { isa: Isa::Avx2 };
     pub const AVX512: Target = Target { isa: Isa::Avx512 };
+    pub const NEON: Target = Target { isa: Isa::Neon };
 
     pub fn new(isa: Isa) -> Target {
         Target { isa }
@@ -75,6 +85,7 @@ impl Target {
         match self.isa {
             Isa::Avx2 => 32,
             Isa::Avx512 => 64,
+            Isa::Neon => 16,
         }
     }
 
@@ -88,6 +99,7 @@ impl Target {
         match self.isa {
             Isa::Avx2 => 16,
             Isa::Avx512 => 32,
+            Isa::Neon => 32,
         }
     }
 
@@ -95,6 +107,7 @@ impl Target {
         match self.isa {
             Isa::Avx2 => MaskSupport::VectorRegister,
             Isa::Avx512 => MaskSupport::MaskRegisters { count: 7 },
+            Isa::Neon => MaskSupport::PartialAccess,
         }
     }
 
@@ -104,12 +117,21 @@ impl Target {
         self.isa == Isa::Avx512
     }
 
-    /// Vector FMAs per cycle, for the planner's cost model.
+    /// FMA can multiply by one lane of a vector register (AArch64 `fmla v.2d, v.2d, v.d[i]`),
+    /// so B is loaded a whole vector at a time and each loaded element is used in place:
+    /// one load per `lanes` elements of B instead of one broadcast per element.
+    pub fn fma_by_element(self) -> bool {
+        self.isa == Isa::Neon
+    }
+
+    /// Vector FMAs per cycle, for the planner's cost model. Two pipes on both x86 ISAs and on
+    /// current AArch64 cores (Cortex-A76/Neoverse N1 and later: two 128-bit FMA pipes).
     pub fn fma_per_cycle(self) -> f64 {
         2.0
     }
 
-    /// Vector loads per cycle, for the planner's cost model.
+    /// Vector loads per cycle, for the planner's cost model (two load pipes on every target
+    /// above, 128-bit ones on AArch64).
     pub fn loads_per_cycle(self) -> f64 {
         2.0
     }

@@ -1,7 +1,7 @@
 //! The one error type of the runtime: every public function returns it instead of panicking.
 
 use smallgemm_codegen_x86::EmitError;
-use smallgemm_ir::{Dtype, Isa, LowerError, Operand, SpecError};
+use smallgemm_ir::{BatchForm, Dtype, Isa, LowerError, Operand, SpecError};
 use thiserror::Error;
 
 #[derive(Clone, Debug, PartialEq, Error)]
@@ -14,6 +14,8 @@ pub enum Error {
     Emit(#[from] EmitError),
     #[error("this CPU supports neither AVX-512 (F, VL, DQ, BW) nor AVX2 with FMA; smallgemm's JIT needs one of them")]
     NoSupportedIsa,
+    #[error("this build has no code generator for {0}")]
+    NoBackend(Isa),
     #[error("this CPU does not support {isa} (it has: {available})")]
     IsaNotAvailable { isa: Isa, available: String },
     #[error("the kernel computes {kernel:?} but the buffers hold {given:?}")]
@@ -31,6 +33,24 @@ pub enum Error {
         required: usize,
         batch: usize,
     },
+    #[error("the kernel takes {kernel:?} batches but was called with {called:?}")]
+    BatchForm {
+        kernel: BatchForm,
+        called: BatchForm,
+    },
+    #[error("the batch has {a} A, {b} B and {c} C matrices; the counts must be equal")]
+    BatchLengths { a: usize, b: usize, c: usize },
+    #[error("{operand} matrix {index} holds {len} elements; it needs {required}")]
+    MatrixTooShort {
+        operand: Operand,
+        index: usize,
+        len: usize,
+        required: usize,
+    },
+    #[error("the groups hold {groups} products but {matrices} matrices were given")]
+    GroupSizes { groups: usize, matrices: usize },
+    #[error("cannot start the worker threads: {0}")]
+    Threads(String),
     #[error("the pointer to {operand} is null")]
     NullPointer { operand: Operand },
     #[error("the pointer to {operand} is not aligned to its element size")]

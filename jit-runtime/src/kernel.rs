@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use smallgemm_ir::{
-    compile_program, Element, GemmSpec, Isa, MachineCode, Operand, Param, Program, Schedule, Target,
+    compile_program, BatchForm, Element, GemmSpec, Isa, MachineCode, Operand, Param, Program,
+    Schedule, Target,
 };
 
 use crate::exec::ExecutableCode;
@@ -17,6 +18,17 @@ pub struct Generated {
     pub code: MachineCode,
 }
 
+/// The calling convention of generated code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Abi {
+    /// The usual one of the ISA's Unix systems: System V on x86-64 (what the JIT runs).
+    #[default]
+    Native,
+    /// Microsoft x64 (Windows objects): arguments in rcx, rdx, r8, r9 and on the stack,
+    /// xmm6–xmm15 preserved.
+    Windows,
+}
+
 /// Plans (unless `schedule` is given), lowers and encodes `spec` for `target`. Works for
 /// any target, whether or not this CPU can run it (offline emission).
 pub fn generate(
@@ -24,9 +36,25 @@ pub fn generate(
     target: Target,
     schedule: Option<&Schedule>,
 ) -> Result<Generated, Error> {
+    generate_with_abi(spec, target, schedule, Abi::Native)
+}
+
+/// As [`generate`], for the calling convention `abi`.
+pub fn generate_with_abi(
+    spec: &GemmSpec,
+    target: Target,
+    schedule: Option<&Schedule>,
+    abi: Abi,
+) -> Result<Generated, Error> {
     let (schedule, program) = compile_program(spec, target, schedule)?;
+    let conv = match abi {
+        Abi::Native => smallgemm_codegen_x86::CallConv::SysV,
+        Abi::Windows => smallgemm_codegen_x86::CallConv::Win64,
+    };
     let code = match target.isa {
-        Isa::Avx2 | Isa::Avx512 => smallgemm_codegen_x86::emit(&program, target.isa)?,
+        Isa::Avx2 | Isa::Avx512 => smallgemm_codegen_x86::emit_with(&program, target.isa, conv)?,
+        // The NEON backend is wired in with its crate.
+        Isa::Neon => return Err(Error::NoBackend(target.isa)),
     };
     Ok(Generated {
         schedule,
@@ -39,6 +67,7 @@ pub fn generate(
 pub fn listing(isa: Isa, code: &MachineCode) -> String {
     match isa {
         Isa::Avx2 | Isa::Avx512 => smallgemm_codegen_x86::listing(code),
+        Isa::Neon => String::new(),
     }
 }
 
@@ -113,7 +142,7 @@ impl Kernel {
         alpha: T,
         beta: T,
     ) -> Result<(), Error> {
-        self.check_call(alpha, beta)?;
+        self.check_call(BatchForm::Strided, alpha, beta)?;
         for (operand, len) in [
             (Operand::A, a.len()),
             (Operand::B, b.len()),
@@ -134,7 +163,114 @@ impl Kernel {
         }
         // SAFETY: the slices hold the whole batch (checked above), are aligned, and Rust's
         // borrows keep C from aliasing A or B.
-        unsafe { self.call(a.as_ptr(), b.as_ptr(), c.as_mut_ptr(), batch, alpha, beta) }
+        unsafe {
+            self.call(
+                a.as_ptr().cast(),
+                b.as_ptr().cast(),
+                c.as_mut_ptr().cast(),
+                batch,
+                alpha,
+                beta,
+            )
+        }
+    }
+
+    /// Runs the GEMM on a pointer-array batch given as slices, one per matrix: C_i =
+    /// alpha op(A_i) op(B_i) + beta C_i for i in 0..c.len(). For kernels compiled with
+    /// `GemmSpecBuilder::pointer_arrays`. A and B entries may repeat (the same matrix for
+    /// several products); Rust's borrows keep the C matrices apart. Everything is checked
+    /// before anything runs.
+    pub fn run_pointers<T: Element>(
+        &self,
+        a: &[&[T]],
+        b: &[&[T]],
+        c: &mut [&mut [T]],
+        alpha: T,
+        beta: T,
+    ) -> Result<(), Error> {
+        self.check_call(BatchForm::PointerArrays, alpha, beta)?;
+        if a.len() != c.len() || b.len() != c.len() {
+            return Err(Error::BatchLengths {
+                a: a.len(),
+                b: b.len(),
+                c: c.len(),
+            });
+        }
+        let check = |operand: Operand, lens: &mut dyn Iterator<Item = usize>| {
+            let required = self.spec.footprint(operand);
+            match lens.enumerate().find(|&(_, len)| len < required) {
+                Some((index, len)) => Err(Error::MatrixTooShort {
+                    operand,
+                    index,
+                    len,
+                    required,
+                }),
+                None => Ok(()),
+            }
+        };
+        check(Operand::A, &mut a.iter().map(|x| x.len()))?;
+        check(Operand::B, &mut b.iter().map(|x| x.len()))?;
+        check(Operand::C, &mut c.iter().map(|x| x.len()))?;
+        if c.is_empty() {
+            return Ok(());
+        }
+        let a: Vec<*const T> = a.iter().map(|x| x.as_ptr()).collect();
+        let b: Vec<*const T> = b.iter().map(|x| x.as_ptr()).collect();
+        let c: Vec<*mut T> = c.iter_mut().map(|x| x.as_mut_ptr()).collect();
+        // SAFETY: every matrix is long enough (checked above); the arrays live for the call.
+        unsafe {
+            self.call(
+                a.as_ptr().cast(),
+                b.as_ptr().cast(),
+                c.as_ptr().cast::<u8>().cast_mut(),
+                c.len(),
+                alpha,
+                beta,
+            )
+        }
+    }
+
+    /// Runs the GEMM on `batch` matrices given by arrays of pointers (a pointer-array kernel).
+    ///
+    /// Checks the element type, the batch form, alpha and beta, and null arrays; returns at
+    /// once when `batch` is 0.
+    ///
+    /// # Safety
+    ///
+    /// `a`, `b`, `c` each point to `batch` pointers. Each `a[i]`, `b[i]`, `c[i]` is non-null,
+    /// aligned and points to `spec.footprint(X)` elements valid to read (C: and write) for the
+    /// whole call. No C matrix overlaps another C matrix or any A or B matrix, and no other
+    /// thread accesses the written C elements during the call.
+    pub unsafe fn run_pointers_raw<T: Element>(
+        &self,
+        a: *const *const T,
+        b: *const *const T,
+        c: *const *mut T,
+        batch: usize,
+        alpha: T,
+        beta: T,
+    ) -> Result<(), Error> {
+        self.check_call(BatchForm::PointerArrays, alpha, beta)?;
+        if batch == 0 {
+            return Ok(());
+        }
+        for (operand, p) in [
+            (Operand::A, a as usize),
+            (Operand::B, b as usize),
+            (Operand::C, c as usize),
+        ] {
+            if p == 0 {
+                return Err(Error::NullPointer { operand });
+            }
+        }
+        self.call(
+            a.cast(),
+            b.cast(),
+            c.cast::<u8>().cast_mut(),
+            batch,
+            alpha,
+            beta,
+        )
     }
 
     /// Runs the GEMM on `batch` matrices at raw pointers.
@@ -158,7 +294,7 @@ impl Kernel {
         alpha: T,
         beta: T,
     ) -> Result<(), Error> {
-        self.check_call(alpha, beta)?;
+        self.check_call(BatchForm::Strided, alpha, beta)?;
         if batch == 0 {
             return Ok(());
         }
@@ -174,10 +310,21 @@ impl Kernel {
                 return Err(Error::Misaligned { operand });
             }
         }
-        self.call(a, b, c, batch, alpha, beta)
+        self.call(a.cast(), b.cast(), c.cast(), batch, alpha, beta)
     }
 
-    fn check_call<T: Element>(&self, alpha: T, beta: T) -> Result<(), Error> {
+    pub(crate) fn check_call<T: Element>(
+        &self,
+        form: BatchForm,
+        alpha: T,
+        beta: T,
+    ) -> Result<(), Error> {
+        if form != self.spec.batch_form() {
+            return Err(Error::BatchForm {
+                kernel: self.spec.batch_form(),
+                called: form,
+            });
+        }
         if T::DTYPE != self.spec.dtype() {
             return Err(Error::DtypeMismatch {
                 kernel: self.spec.dtype(),
@@ -201,12 +348,14 @@ impl Kernel {
         Ok(())
     }
 
-    /// Calls the machine code. Safety: as `run_raw`, with batch > 0 and the call checked.
-    unsafe fn call<T: Element>(
+    /// Calls the machine code with the kernel's first three arguments: the first matrices
+    /// (strided) or the pointer arrays. Safety: as `run_raw` / `run_pointers_raw` for the
+    /// kernel's batch form, with batch > 0 and `check_call` passed.
+    pub(crate) unsafe fn call<T: Element>(
         &self,
-        a: *const T,
-        b: *const T,
-        c: *mut T,
+        a: *const u8,
+        b: *const u8,
+        c: *mut u8,
         batch: usize,
         alpha: T,
         beta: T,
@@ -224,7 +373,7 @@ impl Kernel {
         };
         #[cfg(target_arch = "x86_64")]
         {
-            type Entry<T> = unsafe extern "sysv64" fn(*const T, *const T, *mut T, usize, T, T);
+            type Entry<T> = unsafe extern "sysv64" fn(*const u8, *const u8, *mut u8, usize, T, T);
             // SAFETY: the code was emitted for this signature (System V, see codegen-x86) on
             // a target this CPU runs, and stays mapped while `self` lives.
             let entry: Entry<T> = std::mem::transmute::<*const u8, Entry<T>>(self.exec.entry());
@@ -309,6 +458,134 @@ mod tests {
                     "{isa:?} {m}x{n}x{k}: callee-saved registers changed: {changed:#b}"
                 );
                 assert_eq!(c[0], 1.25 * k as f64 + 0.5, "{isa:?}");
+            }
+        }
+    }
+}
+
+/// The Microsoft x64 convention, run here through a trampoline (objects for Windows use it).
+#[cfg(all(test, target_arch = "x86_64"))]
+mod win64_tests {
+    use super::*;
+    use smallgemm_ir::reference::TestData;
+    use smallgemm_ir::{Dtype, Scalar, Trans};
+
+    /// Calls a Win64 kernel (a, b, c, batch in rcx, rdx, r8, r9; alpha, beta as the 5th and
+    /// 6th arguments on the stack above the 32-byte shadow space) with sentinels in every
+    /// Win64 callee-saved register; returns a bit per register that came back changed
+    /// (xmm6..xmm15 bits 0..9, then rbx, rsi, rdi, r12, r13, r14, r15).
+    unsafe fn call_win64(
+        entry: *const u8,
+        a: *const u8,
+        b: *const u8,
+        c: *mut u8,
+        batch: usize,
+        alpha: f64,
+        beta: f64,
+    ) -> u64 {
+        let changed: u64;
+        std::arch::asm!(
+            "push rbx", "push rbp", "push rsi", "push rdi", "push r12", "push r13", "push r14", "push r15",
+            "mov rbp, rsp", "and rsp, -16", "sub rsp, 64",
+            "mov [rsp + 32], r10", "mov [rsp + 40], rax",
+            "mov rax, 0x0606060606060606", "vmovq xmm6, rax",
+            "mov rax, 0x0707070707070707", "vmovq xmm7, rax",
+            "mov rax, 0x0808080808080808", "vmovq xmm8, rax",
+            "mov rax, 0x0909090909090909", "vmovq xmm9, rax",
+            "mov rax, 0x1010101010101010", "vmovq xmm10, rax",
+            "mov rax, 0x1111111111111111", "vmovq xmm11, rax",
+            "mov rax, 0x1212121212121212", "vmovq xmm12, rax",
+            "mov rax, 0x1313131313131313", "vmovq xmm13, rax",
+            "mov rax, 0x1414141414141414", "vmovq xmm14, rax",
+            "mov rax, 0x1515151515151515", "vmovq xmm15, rax",
+            "mov rbx, 0xb1", "mov rsi, 0xb2", "mov rdi, 0xb3",
+            "mov r12, 0xb4", "mov r13, 0xb5", "mov r14, 0xb6", "mov r15, 0xb7",
+            "call r11",
+            "xor r8, r8",
+            "vmovq rax, xmm6", "mov rdx, 0x0606060606060606", "cmp rax, rdx", "setne al", "movzx rax, al", "or r8, rax",
+            "vmovq rax, xmm7", "mov rdx, 0x0707070707070707", "cmp rax, rdx", "setne al", "movzx rax, al", "shl rax, 1", "or r8, rax",
+            "vmovq rax, xmm8", "mov rdx, 0x0808080808080808", "cmp rax, rdx", "setne al", "movzx rax, al", "shl rax, 2", "or r8, rax",
+            "vmovq rax, xmm9", "mov rdx, 0x0909090909090909", "cmp rax, rdx", "setne al", "movzx rax, al", "shl rax, 3", "or r8, rax",
+            "vmovq rax, xmm10", "mov rdx, 0x1010101010101010", "cmp rax, rdx", "setne al", "movzx rax, al", "shl rax, 4", "or r8, rax",
+            "vmovq rax, xmm11", "mov rdx, 0x1111111111111111", "cmp rax, rdx", "setne al", "movzx rax, al", "shl rax, 5", "or r8, rax",
+            "vmovq rax, xmm12", "mov rdx, 0x1212121212121212", "cmp rax, rdx", "setne al", "movzx rax, al", "shl rax, 6", "or r8, rax",
+            "vmovq rax, xmm13", "mov rdx, 0x1313131313131313", "cmp rax, rdx", "setne al", "movzx rax, al", "shl rax, 7", "or r8, rax",
+            "vmovq rax, xmm14", "mov rdx, 0x1414141414141414", "cmp rax, rdx", "setne al", "movzx rax, al", "shl rax, 8", "or r8, rax",
+            "vmovq rax, xmm15", "mov rdx, 0x1515151515151515", "cmp rax, rdx", "setne al", "movzx rax, al", "shl rax, 9", "or r8, rax",
+            "cmp rbx, 0xb1", "setne al", "movzx rax, al", "shl rax, 10", "or r8, rax",
+            "cmp rsi, 0xb2", "setne al", "movzx rax, al", "shl rax, 11", "or r8, rax",
+            "cmp rdi, 0xb3", "setne al", "movzx rax, al", "shl rax, 12", "or r8, rax",
+            "cmp r12, 0xb4", "setne al", "movzx rax, al", "shl rax, 13", "or r8, rax",
+            "cmp r13, 0xb5", "setne al", "movzx rax, al", "shl rax, 14", "or r8, rax",
+            "cmp r14, 0xb6", "setne al", "movzx rax, al", "shl rax, 15", "or r8, rax",
+            "cmp r15, 0xb7", "setne al", "movzx rax, al", "shl rax, 16", "or r8, rax",
+            "mov rsp, rbp",
+            "pop r15", "pop r14", "pop r13", "pop r12", "pop rdi", "pop rsi", "pop rbp", "pop rbx",
+            in("rcx") a, in("rdx") b, in("r8") c, in("r9") batch,
+            in("r10") alpha.to_bits(), in("rax") beta.to_bits(), in("r11") entry,
+            lateout("r8") changed,
+            clobber_abi("sysv64"),
+        );
+        changed
+    }
+
+    #[test]
+    fn windows_kernels_follow_the_microsoft_convention() {
+        for isa in crate::supported_isas() {
+            // Small (no frame needed on System V) and large (loops, scratch, many registers).
+            for (m, n, k, ta) in [
+                (5, 3, 2, Trans::N),
+                (40, 33, 70, Trans::T),
+                (16, 16, 16, Trans::N),
+            ] {
+                for (alpha, beta) in [
+                    (Scalar::Runtime, Scalar::Runtime),
+                    (Scalar::One, Scalar::Runtime),
+                    (Scalar::Runtime, Scalar::Zero),
+                ] {
+                    let spec = GemmSpec::builder(Dtype::F64, m, n, k)
+                        .trans_a(ta)
+                        .alpha(alpha)
+                        .beta(beta)
+                        .build()
+                        .unwrap();
+                    let g = generate_with_abi(&spec, Target::new(isa), None, Abi::Windows).unwrap();
+                    let exec = ExecutableCode::new(&g.code.bytes).unwrap();
+                    let (av, bv) = (alpha.value().unwrap_or(0.75), beta.value().unwrap_or(-1.5));
+                    // The kernel takes its run-time scalars in order: alpha first if present.
+                    let (x0, x1) = match g.program.params.as_slice() {
+                        [Param::Beta] => (bv, 0.0),
+                        _ => (av, bv),
+                    };
+                    let batch = 3;
+                    let mut data = TestData::<f64>::new(&spec, batch, 5);
+                    let (a, b) = (data.a.clone(), data.b.clone());
+                    // SAFETY: the buffers hold the batch; the trampoline restores everything.
+                    let changed = unsafe {
+                        call_win64(
+                            exec.entry(),
+                            a.as_ptr().cast(),
+                            b.as_ptr().cast(),
+                            data.c_mut().as_mut_ptr().cast(),
+                            batch,
+                            x0,
+                            x1,
+                        )
+                    };
+                    assert_eq!(
+                        changed,
+                        0,
+                        "{isa:?} {}: callee-saved registers changed: {changed:#b}",
+                        spec.name()
+                    );
+                    let report = data.check(av, bv);
+                    assert!(
+                        report.passed(),
+                        "{isa:?} {}: {}",
+                        spec.name(),
+                        report.failure.unwrap()
+                    );
+                }
             }
         }
     }

@@ -25,6 +25,7 @@
 //! # }
 //! ```
 
+mod batch;
 mod cache;
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -35,19 +36,35 @@ mod kernel;
 
 use std::sync::{Arc, OnceLock};
 
+pub use batch::{blas_spec, GemmGroup, MatrixShape};
 pub use cpu::{detect, supported_isas};
 pub use error::Error;
 pub use kernel::listing;
-pub use kernel::{generate, Generated, Kernel};
+pub use kernel::{generate, generate_with_abi, Abi, Generated, Kernel};
 pub use smallgemm_ir::{
-    Dtype, Element, GemmSpec, GemmSpecBuilder, Isa, Layout, MachineCode, Operand, Scalar, Schedule,
-    SpecError, Target, Trans,
+    BatchForm, Dtype, Element, GemmSpec, GemmSpecBuilder, Isa, Layout, MachineCode, Operand,
+    Scalar, Schedule, SpecError, Target, Trans,
 };
 
-/// The JIT for one target: compiles kernels on first use and caches them, thread-safe.
+/// The JIT for one target: compiles kernels on first use and caches them, thread-safe; runs
+/// batches on its own pool of worker threads (see [`Jit::with_threads`]).
 pub struct Jit {
     target: Target,
     cache: cache::KernelCache,
+    threads: usize,
+    pool: OnceLock<Result<rayon::ThreadPool, Error>>,
+}
+
+/// Threads a new JIT uses: `SMALLGEMM_NUM_THREADS` if set to a positive number, else every
+/// core; never more than the cores, since batches of small GEMMs gain nothing from
+/// oversubscription.
+fn default_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::env::var("SMALLGEMM_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .map_or(cores, |n| n.min(cores))
 }
 
 impl Jit {
@@ -65,7 +82,36 @@ impl Jit {
         Jit {
             target,
             cache: cache::KernelCache::default(),
+            threads: default_threads(),
+            pool: OnceLock::new(),
         }
+    }
+
+    /// This JIT with batches split over `threads` threads (at least 1, at most the cores).
+    pub fn with_threads(mut self, threads: usize) -> Jit {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.threads = threads.clamp(1, cores);
+        self.pool = OnceLock::new();
+        self
+    }
+
+    /// Threads the batch functions use.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The worker pool, started on first use.
+    fn pool(&self) -> Result<&rayon::ThreadPool, Error> {
+        self.pool
+            .get_or_init(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(self.threads)
+                    .thread_name(|i| format!("smallgemm-{i}"))
+                    .build()
+                    .map_err(|e| Error::Threads(e.to_string()))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     pub fn target(&self) -> Target {
