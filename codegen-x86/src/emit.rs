@@ -1,89 +1,88 @@
 //! Program → x86-64 instructions, one match arm per operation.
 
-use iced_x86::code_asm::registers::ymm;
-use iced_x86::code_asm::{ymmword_ptr, CodeAssembler, CodeLabel};
-use iced_x86::{Code, Instruction, MemoryOperand, Register};
+use iced_x86::Register;
 use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Trips, VReg};
 
 use smallgemm_ir::MachineCode;
 
 use crate::abi::{self, CallConv};
+use crate::encode::{self as enc, Assembler, Cond, Evex, Label, Mem, Rm, VForm};
 use crate::{regs, EmitError};
 
 /// The instruction forms of one (ISA, dtype): vector ops are the same code with other opcodes.
 struct Forms {
-    load: Code,
-    store: Code,
-    masked_load: Code,
-    masked_store: Code,
-    broadcast: Code,
-    load_scalar: Code,
-    store_scalar: Code,
-    fma: Code,
-    fnma: Code,
-    add: Code,
-    sub: Code,
-    mul: Code,
+    load: VForm,
+    store: VForm,
+    masked_load: VForm,
+    masked_store: VForm,
+    broadcast: VForm,
+    load_scalar: VForm,
+    store_scalar: VForm,
+    fma: VForm,
+    fnma: VForm,
+    add: VForm,
+    sub: VForm,
+    mul: VForm,
 }
 
 fn forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
-    use Code::*;
+    use enc::*;
     Ok(match (isa, dtype) {
         (Isa::Avx2, Dtype::F64) => Forms {
-            load: VEX_Vmovupd_ymm_ymmm256,
-            store: VEX_Vmovupd_ymmm256_ymm,
-            masked_load: VEX_Vmaskmovpd_ymm_ymm_m256,
-            masked_store: VEX_Vmaskmovpd_m256_ymm_ymm,
-            broadcast: VEX_Vbroadcastsd_ymm_m64,
-            load_scalar: VEX_Vmovsd_xmm_m64,
-            store_scalar: VEX_Vmovsd_m64_xmm,
-            fma: VEX_Vfmadd231pd_ymm_ymm_ymmm256,
-            fnma: VEX_Vfnmadd231pd_ymm_ymm_ymmm256,
-            add: VEX_Vaddpd_ymm_ymm_ymmm256,
-            sub: VEX_Vsubpd_ymm_ymm_ymmm256,
-            mul: VEX_Vmulpd_ymm_ymm_ymmm256,
+            load: VEX_VMOVUPD_YMM_M256,
+            store: VEX_VMOVUPD_M256_YMM,
+            masked_load: VEX_VMASKMOVPD_YMM_YMM_M256,
+            masked_store: VEX_VMASKMOVPD_M256_YMM_YMM,
+            broadcast: VEX_VBROADCASTSD_YMM_M64,
+            load_scalar: VEX_VMOVSD_XMM_M64,
+            store_scalar: VEX_VMOVSD_M64_XMM,
+            fma: VEX_VFMADD231PD_YMM,
+            fnma: VEX_VFNMADD231PD_YMM,
+            add: VEX_VADDPD_YMM,
+            sub: VEX_VSUBPD_YMM,
+            mul: VEX_VMULPD_YMM,
         },
         (Isa::Avx2, Dtype::F32) => Forms {
-            load: VEX_Vmovups_ymm_ymmm256,
-            store: VEX_Vmovups_ymmm256_ymm,
-            masked_load: VEX_Vmaskmovps_ymm_ymm_m256,
-            masked_store: VEX_Vmaskmovps_m256_ymm_ymm,
-            broadcast: VEX_Vbroadcastss_ymm_m32,
-            load_scalar: VEX_Vmovss_xmm_m32,
-            store_scalar: VEX_Vmovss_m32_xmm,
-            fma: VEX_Vfmadd231ps_ymm_ymm_ymmm256,
-            fnma: VEX_Vfnmadd231ps_ymm_ymm_ymmm256,
-            add: VEX_Vaddps_ymm_ymm_ymmm256,
-            sub: VEX_Vsubps_ymm_ymm_ymmm256,
-            mul: VEX_Vmulps_ymm_ymm_ymmm256,
+            load: VEX_VMOVUPS_YMM_M256,
+            store: VEX_VMOVUPS_M256_YMM,
+            masked_load: VEX_VMASKMOVPS_YMM_YMM_M256,
+            masked_store: VEX_VMASKMOVPS_M256_YMM_YMM,
+            broadcast: VEX_VBROADCASTSS_YMM_M32,
+            load_scalar: VEX_VMOVSS_XMM_M32,
+            store_scalar: VEX_VMOVSS_M32_XMM,
+            fma: VEX_VFMADD231PS_YMM,
+            fnma: VEX_VFNMADD231PS_YMM,
+            add: VEX_VADDPS_YMM,
+            sub: VEX_VSUBPS_YMM,
+            mul: VEX_VMULPS_YMM,
         },
         (Isa::Avx512, Dtype::F64) => Forms {
-            load: EVEX_Vmovupd_zmm_k1z_zmmm512,
-            store: EVEX_Vmovupd_zmmm512_k1z_zmm,
-            masked_load: EVEX_Vmovupd_zmm_k1z_zmmm512,
-            masked_store: EVEX_Vmovupd_zmmm512_k1z_zmm,
-            broadcast: EVEX_Vbroadcastsd_zmm_k1z_xmmm64,
-            load_scalar: EVEX_Vmovsd_xmm_k1z_m64,
-            store_scalar: EVEX_Vmovsd_m64_k1_xmm,
-            fma: EVEX_Vfmadd231pd_zmm_k1z_zmm_zmmm512b64_er,
-            fnma: EVEX_Vfnmadd231pd_zmm_k1z_zmm_zmmm512b64_er,
-            add: EVEX_Vaddpd_zmm_k1z_zmm_zmmm512b64_er,
-            sub: EVEX_Vsubpd_zmm_k1z_zmm_zmmm512b64_er,
-            mul: EVEX_Vmulpd_zmm_k1z_zmm_zmmm512b64_er,
+            load: EVEX_VMOVUPD_ZMM_M512,
+            store: EVEX_VMOVUPD_M512_ZMM,
+            masked_load: EVEX_VMOVUPD_ZMM_M512,
+            masked_store: EVEX_VMOVUPD_M512_ZMM,
+            broadcast: EVEX_VBROADCASTSD_ZMM_M64,
+            load_scalar: EVEX_VMOVSD_XMM_M64,
+            store_scalar: EVEX_VMOVSD_M64_XMM,
+            fma: EVEX_VFMADD231PD_ZMM,
+            fnma: EVEX_VFNMADD231PD_ZMM,
+            add: EVEX_VADDPD_ZMM,
+            sub: EVEX_VSUBPD_ZMM,
+            mul: EVEX_VMULPD_ZMM,
         },
         (Isa::Avx512, Dtype::F32) => Forms {
-            load: EVEX_Vmovups_zmm_k1z_zmmm512,
-            store: EVEX_Vmovups_zmmm512_k1z_zmm,
-            masked_load: EVEX_Vmovups_zmm_k1z_zmmm512,
-            masked_store: EVEX_Vmovups_zmmm512_k1z_zmm,
-            broadcast: EVEX_Vbroadcastss_zmm_k1z_xmmm32,
-            load_scalar: EVEX_Vmovss_xmm_k1z_m32,
-            store_scalar: EVEX_Vmovss_m32_k1_xmm,
-            fma: EVEX_Vfmadd231ps_zmm_k1z_zmm_zmmm512b32_er,
-            fnma: EVEX_Vfnmadd231ps_zmm_k1z_zmm_zmmm512b32_er,
-            add: EVEX_Vaddps_zmm_k1z_zmm_zmmm512b32_er,
-            sub: EVEX_Vsubps_zmm_k1z_zmm_zmmm512b32_er,
-            mul: EVEX_Vmulps_zmm_k1z_zmm_zmmm512b32_er,
+            load: EVEX_VMOVUPS_ZMM_M512,
+            store: EVEX_VMOVUPS_M512_ZMM,
+            masked_load: EVEX_VMOVUPS_ZMM_M512,
+            masked_store: EVEX_VMOVUPS_M512_ZMM,
+            broadcast: EVEX_VBROADCASTSS_ZMM_M32,
+            load_scalar: EVEX_VMOVSS_XMM_M32,
+            store_scalar: EVEX_VMOVSS_M32_XMM,
+            fma: EVEX_VFMADD231PS_ZMM,
+            fnma: EVEX_VFNMADD231PS_ZMM,
+            add: EVEX_VADDPS_ZMM,
+            sub: EVEX_VSUBPS_ZMM,
+            mul: EVEX_VMULPS_ZMM,
         },
         (_, Dtype::F16) => return Err(EmitError::Unsupported("f16", isa)),
         (Isa::Neon, _) => return Err(EmitError::Unsupported("the x86-64 backend", isa)),
@@ -91,34 +90,33 @@ fn forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
 }
 
 /// Scalar moves have shorter VEX forms while the register is below 16.
-fn vex_scalar(dtype: Dtype, load: bool) -> Code {
+fn vex_scalar(dtype: Dtype, load: bool) -> VForm {
     match (dtype, load) {
-        (Dtype::F64, true) => Code::VEX_Vmovsd_xmm_m64,
-        (Dtype::F64, false) => Code::VEX_Vmovsd_m64_xmm,
+        (Dtype::F64, true) => enc::VEX_VMOVSD_XMM_M64,
+        (Dtype::F64, false) => enc::VEX_VMOVSD_M64_XMM,
         // f16 programs are rejected by `forms` before any operation is emitted.
-        (_, true) => Code::VEX_Vmovss_xmm_m32,
-        (_, false) => Code::VEX_Vmovss_m32_xmm,
+        (_, true) => enc::VEX_VMOVSS_XMM_M32,
+        (_, false) => enc::VEX_VMOVSS_M32_XMM,
     }
 }
 
 pub(crate) struct Emitter<'a> {
-    asm: CodeAssembler,
+    asm: Assembler,
     program: &'a Program,
     isa: Isa,
     conv: CallConv,
     /// Bytes from rbp up to the stack pointer at entry (when the kernel has a frame).
     entry_offset: i32,
     forms: Forms,
-    /// AVX2 tail masks: (label of the constant, vector register, enabled lanes).
-    mask_constants: Vec<(CodeLabel, u32)>,
+    /// AVX2 tail masks: (label of the constant, enabled lanes).
+    mask_constants: Vec<(Label, u32)>,
 }
 
 impl<'a> Emitter<'a> {
     pub(crate) fn new(program: &'a Program, isa: Isa, conv: CallConv) -> Result<Self, EmitError> {
-        let mut asm = CodeAssembler::new(64)?;
-        asm.set_prefer_vex(true);
         Ok(Emitter {
-            asm,
+            // Most instructions are 4 to 7 bytes; loops make this a guess only.
+            asm: Assembler::with_capacity(256 + 8 * program.ops.len()),
             program,
             isa,
             conv,
@@ -138,10 +136,11 @@ impl<'a> Emitter<'a> {
                 available: general.len(),
             });
         }
-        let pushed: Vec<Register> = general[..program.gprs]
+        let pushed: Vec<u8> = general[..program.gprs]
             .iter()
             .copied()
             .filter(|&r| self.conv.is_callee_saved(r))
+            .map(gp)
             .collect();
         let saved_vectors: Vec<usize> = self
             .conv
@@ -151,88 +150,65 @@ impl<'a> Emitter<'a> {
         let scratch = (program.scratch_bytes as i32 + 63) / 64 * 64;
         let frame = scratch > 0 || !saved_vectors.is_empty();
         for &r in &pushed {
-            self.add(Instruction::with1(Code::Push_r64, r)?)?;
+            self.asm.push(r);
         }
         if frame {
             // rbp = the stack pointer after the pushes; rsp = a 64-byte aligned area below it:
             // scratch memory first, then the saved vector registers.
-            self.add(Instruction::with1(Code::Push_r64, Register::RBP)?)?;
-            self.add(Instruction::with2(
-                Code::Mov_r64_rm64,
-                Register::RBP,
-                Register::RSP,
-            )?)?;
-            self.add(Instruction::with2(
-                Code::And_rm64_imm8,
-                Register::RSP,
-                -64i32,
-            )?)?;
-            let size = scratch + 16 * saved_vectors.len() as i32;
-            self.add(Instruction::with2(
-                Code::Sub_rm64_imm32,
-                Register::RSP,
-                size,
-            )?)?;
+            self.asm.push(enc::RBP);
+            self.asm.mov_r64_rm64(enc::RBP, Rm::Reg(enc::RSP));
+            self.asm.and64_imm8(enc::RSP, -64);
+            self.asm
+                .sub64_imm32(enc::RSP, scratch + 16 * saved_vectors.len() as i32);
             // Stack arguments sit above the return address, the pushes and rbp's slot.
             self.entry_offset = 8 * (pushed.len() as i32 + 1);
         }
+        // The slots keep a disp8 even at offset 0, as the iced path encoded them.
         for (i, &v) in saved_vectors.iter().enumerate() {
-            let slot =
-                MemoryOperand::with_base_displ(Register::RSP, (scratch + 16 * i as i32) as i64);
-            let x = regs::xmm(VReg(v as u8));
-            self.add(Instruction::with2(Code::VEX_Vmovdqu_xmmm128_xmm, slot, x)?)?;
+            let slot = Mem::with_disp(enc::RSP, scratch + 16 * i as i32);
+            let no = Evex::default();
+            self.asm
+                .vec(enc::VEX_VMOVDQU_M128_XMM, v as u8, 0, Rm::Mem(slot), no);
         }
         self.ops(&program.ops)?;
         for (i, &v) in saved_vectors.iter().enumerate() {
-            let slot =
-                MemoryOperand::with_base_displ(Register::RSP, (scratch + 16 * i as i32) as i64);
-            let x = regs::xmm(VReg(v as u8));
-            self.add(Instruction::with2(Code::VEX_Vmovdqu_xmm_xmmm128, x, slot)?)?;
+            let slot = Mem::with_disp(enc::RSP, scratch + 16 * i as i32);
+            let no = Evex::default();
+            self.asm
+                .vec(enc::VEX_VMOVDQU_XMM_M128, v as u8, 0, Rm::Mem(slot), no);
         }
         if frame {
-            self.add(Instruction::with2(
-                Code::Mov_r64_rm64,
-                Register::RSP,
-                Register::RBP,
-            )?)?;
-            self.add(Instruction::with1(Code::Pop_r64, Register::RBP)?)?;
+            self.asm.mov_r64_rm64(enc::RSP, Rm::Reg(enc::RBP));
+            self.asm.pop(enc::RBP);
         }
         for &r in pushed.iter().rev() {
-            self.add(Instruction::with1(Code::Pop_r64, r)?)?;
+            self.asm.pop(r);
         }
-        self.asm.vzeroupper()?;
-        self.asm.ret()?;
+        self.asm.vzeroupper();
+        self.asm.ret();
         Ok(())
     }
 
-    /// Appends the constants and assembles.
+    /// Appends the constants and resolves labels.
     pub(crate) fn finish(mut self) -> Result<MachineCode, EmitError> {
         let program = self.program;
-        let mut end = self.asm.create_label();
-        self.asm.set_label(&mut end)?;
-        self.asm.zero_bytes()?;
-        let constants = std::mem::take(&mut self.mask_constants);
+        let code_len = self.asm.len();
         let lanes = program.lanes as u32;
-        for (mut label, enabled) in constants {
-            self.asm.set_label(&mut label)?;
-            match program.dtype {
-                Dtype::F64 => self.asm.dq(&(0..lanes)
-                    .map(|i| if i < enabled { u64::MAX } else { 0 })
-                    .collect::<Vec<_>>())?,
-                Dtype::F32 | Dtype::F16 => self.asm.dd(&(0..lanes)
-                    .map(|i| if i < enabled { u32::MAX } else { 0 })
-                    .collect::<Vec<_>>())?,
+        for &(label, enabled) in &self.mask_constants {
+            self.asm.bind(label);
+            for i in 0..lanes {
+                let on = i < enabled;
+                match program.dtype {
+                    Dtype::F64 => self.asm.bytes(&[if on { 0xFF } else { 0 }; 8]),
+                    Dtype::F32 | Dtype::F16 => self.asm.bytes(&[if on { 0xFF } else { 0 }; 4]),
+                }
             }
         }
-        let result = self.asm.assemble_options(
-            0,
-            iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
-        )?;
-        let code_len = result.label_ip(&end)? as usize;
-        Ok(MachineCode {
-            bytes: result.inner.code_buffer,
-            code_len,
-        })
+        let bytes = self
+            .asm
+            .finish()
+            .map_err(|e| EmitError::Encoder(format!("{e:?}")))?;
+        Ok(MachineCode { bytes, code_len })
     }
 
     fn ops(&mut self, ops: &[Op]) -> Result<(), EmitError> {
@@ -242,34 +218,24 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
-    fn gpr(&self, g: smallgemm_ir::Gpr) -> Result<Register, EmitError> {
-        regs::general(self.conv.general(), g)
+    fn gpr(&self, g: smallgemm_ir::Gpr) -> Result<u8, EmitError> {
+        Ok(gp(regs::general(self.conv.general(), g)?))
     }
 
-    fn mem(&self, addr: Addr, broadcast: bool) -> Result<MemoryOperand, EmitError> {
-        let displ = addr.offset as i64;
-        Ok(MemoryOperand::new(
-            self.gpr(addr.base)?,
-            Register::None,
-            1,
-            displ,
-            // 1 = the shortest displacement that fits (none for 0).
-            if displ == 0 { 0 } else { 1 },
-            broadcast,
-            Register::None,
-        ))
+    fn mem(&self, addr: Addr) -> Result<Rm, EmitError> {
+        Ok(Rm::Mem(Mem::new(self.gpr(addr.base)?, addr.offset)))
     }
 
-    fn v(&self, r: smallgemm_ir::VReg) -> Result<Register, EmitError> {
+    fn v(&self, r: VReg) -> Result<u8, EmitError> {
         if r.0 as usize >= self.program.vregs {
             return Err(EmitError::TooManyVectorRegisters(r.0 as usize + 1));
         }
-        Ok(regs::vector(self.isa, r))
+        Ok(r.0)
     }
 
-    fn add(&mut self, i: Instruction) -> Result<(), EmitError> {
-        self.asm.add_instruction(i)?;
-        Ok(())
+    /// A vector instruction without EVEX extras.
+    fn vec(&mut self, f: VForm, reg: u8, vvvv: u8, rm: Rm) {
+        self.asm.vec(f, reg, vvvv, rm, Evex::default());
     }
 
     /// Applies a tail mask to a load or store: an opmask on AVX-512, or the vmaskmov form
@@ -277,25 +243,25 @@ impl<'a> Emitter<'a> {
     fn masked(
         &mut self,
         store: bool,
-        reg: Register,
-        mem: MemoryOperand,
+        reg: u8,
+        mem: Rm,
         mask: smallgemm_ir::Mask,
     ) -> Result<(), EmitError> {
         match self.isa {
             Isa::Avx512 => {
-                let code = if store {
-                    self.forms.masked_store
+                let k = opmask(mask.0)?;
+                let (code, zeroing) = if store {
+                    (self.forms.masked_store, false)
                 } else {
-                    self.forms.masked_load
+                    (self.forms.masked_load, true)
                 };
-                let mut i = if store {
-                    Instruction::with2(code, mem, reg)?
-                } else {
-                    Instruction::with2(code, reg, mem)?
+                let extras = Evex {
+                    mask: k,
+                    zeroing,
+                    broadcast: false,
                 };
-                i.set_op_mask(regs::opmask(mask.0)?);
-                i.set_zeroing_masking(!store);
-                self.add(i)
+                self.asm.vec(code, reg, 0, mem, extras);
+                Ok(())
             }
             Isa::Neon => Err(EmitError::Unsupported("the x86-64 backend", self.isa)),
             Isa::Avx2 => {
@@ -304,12 +270,13 @@ impl<'a> Emitter<'a> {
                     .mask_vreg(mask)
                     .ok_or(EmitError::MaskWithoutRegister(mask.0))?;
                 let m = self.v(m)?;
-                let i = if store {
-                    Instruction::with3(self.forms.masked_store, mem, m, reg)?
+                let code = if store {
+                    self.forms.masked_store
                 } else {
-                    Instruction::with3(self.forms.masked_load, reg, m, mem)?
+                    self.forms.masked_load
                 };
-                self.add(i)
+                self.vec(code, reg, m, mem);
+                Ok(())
             }
         }
     }
@@ -322,62 +289,54 @@ impl<'a> Emitter<'a> {
         match *op {
             Op::Zero { dst } => {
                 // The xmm forms zero the whole register and are recognised as zero idioms.
-                let x = regs::xmm(dst);
-                let i = if dst.0 < 16 {
-                    Instruction::with3(Code::VEX_Vxorps_xmm_xmm_xmmm128, x, x, x)?
+                let x = self.v(dst)?;
+                let form = if x < 16 {
+                    enc::VEX_VXORPS_XMM
                 } else {
-                    Instruction::with3(Code::EVEX_Vpxord_xmm_k1z_xmm_xmmm128b32, x, x, x)?
+                    enc::EVEX_VPXORD_XMM
                 };
-                self.add(i)?;
+                self.vec(form, x, x, Rm::Reg(x));
             }
             Op::Load { dst, addr, mask } => {
-                let (r, m) = (self.v(dst)?, self.mem(addr, false)?);
+                let (r, m) = (self.v(dst)?, self.mem(addr)?);
                 match mask {
-                    None => self.add(Instruction::with2(load, r, m)?)?,
+                    None => self.vec(load, r, 0, m),
                     Some(mask) => self.masked(false, r, m, mask)?,
                 }
             }
             Op::Store { addr, src, mask } => {
-                let (r, m) = (self.v(src)?, self.mem(addr, false)?);
+                let (r, m) = (self.v(src)?, self.mem(addr)?);
                 match mask {
-                    None => self.add(Instruction::with2(store, m, r)?)?,
+                    None => self.vec(store, r, 0, m),
                     Some(mask) => self.masked(true, r, m, mask)?,
                 }
             }
             Op::Broadcast { dst, addr } => {
-                let i = Instruction::with2(broadcast, self.v(dst)?, self.mem(addr, false)?)?;
-                self.add(i)?;
+                let (r, m) = (self.v(dst)?, self.mem(addr)?);
+                self.vec(broadcast, r, 0, m);
             }
             Op::LoadScalar { dst, addr } => {
-                self.v(dst)?;
-                let code = if dst.0 < 16 {
+                let (r, m) = (self.v(dst)?, self.mem(addr)?);
+                let form = if r < 16 {
                     vex_scalar(dtype, true)
                 } else {
                     self.forms.load_scalar
                 };
-                self.add(Instruction::with2(
-                    code,
-                    regs::xmm(dst),
-                    self.mem(addr, false)?,
-                )?)?;
+                self.vec(form, r, 0, m);
             }
             Op::StoreScalar { addr, src } => {
-                self.v(src)?;
-                let code = if src.0 < 16 {
+                let (r, m) = (self.v(src)?, self.mem(addr)?);
+                let form = if r < 16 {
                     vex_scalar(dtype, false)
                 } else {
                     self.forms.store_scalar
                 };
-                self.add(Instruction::with2(
-                    code,
-                    self.mem(addr, false)?,
-                    regs::xmm(src),
-                )?)?;
+                self.vec(form, r, 0, m);
             }
             Op::Fma { acc, a, b, negate } => {
-                let code = if negate { fnma } else { fma };
-                let i = Instruction::with3(code, self.v(acc)?, self.v(a)?, self.v(b)?)?;
-                self.add(i)?;
+                let form = if negate { fnma } else { fma };
+                let (acc, a, b) = (self.v(acc)?, self.v(a)?, self.v(b)?);
+                self.vec(form, acc, a, Rm::Reg(b));
             }
             Op::FmaBroadcast { acc, a, b, negate } => {
                 if self.isa != Isa::Avx512 {
@@ -386,38 +345,36 @@ impl<'a> Emitter<'a> {
                         self.isa,
                     ));
                 }
-                let code = if negate { fnma } else { fma };
-                let i = Instruction::with3(code, self.v(acc)?, self.v(a)?, self.mem(b, true)?)?;
-                self.add(i)?;
+                let form = if negate { fnma } else { fma };
+                let (acc, a, m) = (self.v(acc)?, self.v(a)?, self.mem(b)?);
+                let extras = Evex {
+                    broadcast: true,
+                    ..Evex::default()
+                };
+                self.asm.vec(form, acc, a, m, extras);
             }
             Op::FmaLane { .. } => {
                 return Err(EmitError::Unsupported("FMA by element", self.isa));
             }
-            Op::Add { dst, a, b } => self.add(Instruction::with3(
-                add,
-                self.v(dst)?,
-                self.v(a)?,
-                self.v(b)?,
-            )?)?,
-            Op::Sub { dst, a, b } => self.add(Instruction::with3(
-                sub,
-                self.v(dst)?,
-                self.v(a)?,
-                self.v(b)?,
-            )?)?,
-            Op::Mul { dst, a, b } => self.add(Instruction::with3(
-                mul,
-                self.v(dst)?,
-                self.v(a)?,
-                self.v(b)?,
-            )?)?,
+            Op::Add { dst, a, b } => {
+                let (dst, a, b) = (self.v(dst)?, self.v(a)?, self.v(b)?);
+                self.vec(add, dst, a, Rm::Reg(b));
+            }
+            Op::Sub { dst, a, b } => {
+                let (dst, a, b) = (self.v(dst)?, self.v(a)?, self.v(b)?);
+                self.vec(sub, dst, a, Rm::Reg(b));
+            }
+            Op::Mul { dst, a, b } => {
+                let (dst, a, b) = (self.v(dst)?, self.v(a)?, self.v(b)?);
+                self.vec(mul, dst, a, Rm::Reg(b));
+            }
             Op::SetMask { mask, lanes } => match self.isa {
                 Isa::Avx512 => {
-                    let bits = ((1u32 << lanes) - 1) as i32;
-                    let temp = low32(abi::TEMP);
-                    self.add(Instruction::with2(Code::Mov_r32_imm32, temp, bits)?)?;
-                    let k = regs::opmask(mask.0)?;
-                    self.add(Instruction::with2(Code::VEX_Kmovw_kr_r32, k, temp)?)?;
+                    let k = opmask(mask.0)?;
+                    let bits = 1u32.checked_shl(lanes).map_or(u32::MAX, |b| b - 1);
+                    let temp = gp(abi::TEMP);
+                    self.asm.mov_r32_imm32(temp, bits);
+                    self.vec(enc::VEX_KMOVW_K_R32, k, 0, Rm::Reg(temp));
                 }
                 Isa::Neon => {
                     return Err(EmitError::Unsupported("the x86-64 backend", self.isa));
@@ -427,12 +384,14 @@ impl<'a> Emitter<'a> {
                         .program
                         .mask_vreg(mask)
                         .ok_or(EmitError::MaskWithoutRegister(mask.0))?;
-                    let r = ymm::get_ymm(self.v(vreg)?)
-                        .ok_or(EmitError::Unsupported("a mask above ymm15", self.isa))?;
-                    // The constant goes after the code; the assembler resolves the label.
-                    let label = self.asm.create_label();
+                    let r = self.v(vreg)?;
+                    if r >= 16 {
+                        return Err(EmitError::Unsupported("a mask above ymm15", self.isa));
+                    }
+                    // The constant goes after the code; `finish` binds its label.
+                    let label = self.asm.new_label();
                     self.mask_constants.push((label, lanes));
-                    self.asm.vmovdqu(r, ymmword_ptr(label))?;
+                    self.asm.vec_rip(enc::VEX_VMOVDQU_YMM_M256, r, label);
                 }
             },
             Op::StoreParam { param, addr } => {
@@ -442,57 +401,56 @@ impl<'a> Emitter<'a> {
                     .iter()
                     .position(|p| *p == param)
                     .ok_or(EmitError::UnknownParam)?;
-                let to = self.mem(addr, false)?;
+                let to = self.mem(addr)?;
                 match self.conv.float_argument(index) {
                     abi::ArgumentLocation::Register(x) => {
-                        self.add(Instruction::with2(vex_scalar(dtype, false), to, x)?)?;
+                        let x = (x as u32 - Register::XMM0 as u32) as u8;
+                        self.vec(vex_scalar(dtype, false), x, 0, to);
                     }
                     abi::ArgumentLocation::Stack(offset) => {
                         // Copy the argument's slot through the temporary register; rbp is
                         // `entry_offset` bytes below the stack pointer at entry.
-                        let from = MemoryOperand::with_base_displ(
-                            Register::RBP,
-                            (self.entry_offset + offset) as i64,
-                        );
-                        let (load, store, temp) = match dtype {
-                            Dtype::F64 => (Code::Mov_r64_rm64, Code::Mov_rm64_r64, abi::TEMP),
-                            _ => (Code::Mov_r32_rm32, Code::Mov_rm32_r32, low32(abi::TEMP)),
-                        };
-                        self.add(Instruction::with2(load, temp, from)?)?;
-                        self.add(Instruction::with2(store, to, temp)?)?;
+                        let from = Rm::Mem(Mem::with_disp(enc::RBP, self.entry_offset + offset));
+                        let temp = gp(abi::TEMP);
+                        match dtype {
+                            Dtype::F64 => {
+                                self.asm.mov_r64_rm64(temp, from);
+                                self.asm.mov_rm64_r64(to, temp);
+                            }
+                            _ => {
+                                self.asm.mov_r32_rm32(temp, from);
+                                self.asm.mov_rm32_r32(to, temp);
+                            }
+                        }
                     }
                 }
             }
             Op::StoreConst { value, addr } => {
-                let words: Vec<u32> = match dtype {
-                    Dtype::F64 => {
-                        let bits = value.to_bits();
-                        vec![bits as u32, (bits >> 32) as u32]
-                    }
-                    Dtype::F32 | Dtype::F16 => vec![(value as f32).to_bits()],
+                let base = self.gpr(addr.base)?;
+                let bits = value.to_bits();
+                let words: &[u32] = match dtype {
+                    Dtype::F64 => &[bits as u32, (bits >> 32) as u32],
+                    Dtype::F32 | Dtype::F16 => &[(value as f32).to_bits()],
                 };
-                for (w, word) in words.into_iter().enumerate() {
-                    let at = Addr::new(addr.base, addr.offset + 4 * w as i32);
-                    let i = Instruction::with2(Code::Mov_rm32_imm32, self.mem(at, false)?, word)?;
-                    self.add(i)?;
+                for (w, &word) in words.iter().enumerate() {
+                    let at = Mem::new(base, addr.offset.wrapping_add(4 * w as i32));
+                    self.asm.mov_m32_imm32(at, word);
                 }
             }
             Op::LoadAddress { dst, addr } => {
-                let i =
-                    Instruction::with2(Code::Mov_r64_rm64, self.gpr(dst)?, self.mem(addr, false)?)?;
-                self.add(i)?;
+                let (dst, m) = (self.gpr(dst)?, self.mem(addr)?);
+                self.asm.mov_r64_rm64(dst, m);
             }
             Op::Copy { dst, src } => {
-                let i = Instruction::with2(Code::Mov_r64_rm64, self.gpr(dst)?, self.gpr(src)?)?;
-                self.add(i)?;
+                let (dst, src) = (self.gpr(dst)?, self.gpr(src)?);
+                self.asm.mov_r64_rm64(dst, Rm::Reg(src));
             }
             Op::AddImm { dst, imm } => {
-                let code = if i8::try_from(imm).is_ok() {
-                    Code::Add_rm64_imm8
-                } else {
-                    Code::Add_rm64_imm32
-                };
-                self.add(Instruction::with2(code, self.gpr(dst)?, imm)?)?;
+                let dst = self.gpr(dst)?;
+                match i8::try_from(imm) {
+                    Ok(imm8) => self.asm.add64_imm8(dst, imm8),
+                    Err(_) => self.asm.add64_imm32(dst, imm),
+                }
             }
             Op::Loop {
                 counter,
@@ -500,24 +458,22 @@ impl<'a> Emitter<'a> {
                 ref body,
             } => {
                 let counter = self.gpr(counter)?;
-                let mut top = self.asm.create_label();
-                let mut done = self.asm.create_label();
+                let top = self.asm.new_label();
+                let done = self.asm.new_label();
                 match trips {
-                    Trips::Const(n) => {
-                        self.add(Instruction::with2(Code::Mov_r32_imm32, low32(counter), n)?)?;
-                    }
+                    // Writing the 32-bit register zero-extends into the counter.
+                    Trips::Const(n) => self.asm.mov_r32_imm32(counter, n),
                     Trips::Register => {
-                        self.add(Instruction::with2(Code::Test_rm64_r64, counter, counter)?)?;
-                        self.asm.jz(done)?;
+                        self.asm.test64(counter, counter);
+                        self.asm.jcc(Cond::Z, done);
                     }
                 }
-                self.asm.set_label(&mut top)?;
+                self.asm.bind(top);
                 self.ops(body)?;
-                self.add(Instruction::with1(Code::Dec_rm64, counter)?)?;
-                self.asm.jnz(top)?;
+                self.asm.dec64(counter);
+                self.asm.jcc(Cond::Nz, top);
                 if trips == Trips::Register {
-                    self.asm.set_label(&mut done)?;
-                    self.asm.zero_bytes()?;
+                    self.asm.bind(done);
                 }
             }
         }
@@ -525,8 +481,13 @@ impl<'a> Emitter<'a> {
     }
 }
 
-/// The 32-bit view of a 64-bit general register (writing it zero-extends).
-fn low32(r: Register) -> Register {
-    Register::try_from(Register::EAX as usize + (r as usize - Register::RAX as usize))
-        .expect("every 64-bit general register has a 32-bit view")
+/// The encoding number of a 64-bit general register (rax = 0 … r15 = 15).
+fn gp(r: Register) -> u8 {
+    (r as u32 - Register::RAX as u32) as u8
+}
+
+/// The opmask register number for mask `i` (k0 means "no mask", so masks start at k1).
+fn opmask(i: u8) -> Result<u8, EmitError> {
+    let k = regs::opmask(i)?;
+    Ok((k as u32 - Register::K0 as u32) as u8)
 }

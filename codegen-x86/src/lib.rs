@@ -1,6 +1,6 @@
 //! smallgemm's x86-64 backend: a lowered [`Program`] becomes AVX2 or AVX-512 machine code
-//! (encoded with iced-x86, System V calling convention), and machine code becomes an
-//! Intel-syntax listing.
+//! (written by a direct encoder, `encode.rs`), and machine code becomes an Intel-syntax
+//! listing (iced-x86's formatter).
 //!
 //! The emitted function is position independent (branches and its tail-mask constants are
 //! RIP-relative), has the signature
@@ -12,6 +12,11 @@
 mod abi;
 mod disasm;
 mod emit;
+#[cfg(test)]
+mod emit_iced;
+mod encode;
+#[cfg(test)]
+mod encode_tests;
 mod regs;
 
 use smallgemm_ir::{Isa, MachineCode, Program};
@@ -56,6 +61,22 @@ pub fn emit_with(program: &Program, isa: Isa, conv: CallConv) -> Result<MachineC
         return Err(EmitError::TooManyVectorRegisters(program.vregs));
     }
     let mut emitter = emit::Emitter::new(program, isa, conv)?;
+    emitter.body()?;
+    emitter.finish()
+}
+
+/// The iced-x86 path the encoder replaced, kept as the tests' oracle.
+#[cfg(test)]
+pub(crate) fn emit_iced(
+    program: &Program,
+    isa: Isa,
+    conv: CallConv,
+) -> Result<MachineCode, EmitError> {
+    let max_vregs = smallgemm_ir::Target::new(isa).vector_registers();
+    if program.vregs > max_vregs {
+        return Err(EmitError::TooManyVectorRegisters(program.vregs));
+    }
+    let mut emitter = emit_iced::Emitter::new(program, isa, conv)?;
     emitter.body()?;
     emitter.finish()
 }

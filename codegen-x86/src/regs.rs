@@ -1,24 +1,9 @@
 //! Register mapping: the Program's numbered registers onto x86-64 registers.
 
 use iced_x86::Register;
-use smallgemm_ir::{Gpr, Isa, VReg};
+use smallgemm_ir::Gpr;
 
 use crate::EmitError;
-
-/// The vector register for `v`: ymm on AVX2, zmm on AVX-512.
-pub(crate) fn vector(isa: Isa, v: VReg) -> Register {
-    let first = match isa {
-        // NEON programs are rejected before any register is mapped.
-        Isa::Avx2 | Isa::Neon => Register::YMM0,
-        Isa::Avx512 => Register::ZMM0,
-    };
-    nth(first, v.0 as usize)
-}
-
-/// The xmm register that aliases the low lanes of `v`.
-pub(crate) fn xmm(v: VReg) -> Register {
-    nth(Register::XMM0, v.0 as usize)
-}
 
 /// AVX-512 opmask register for mask number `i` (k0 means "no mask", so masks start at k1).
 pub(crate) fn opmask(i: u8) -> Result<Register, EmitError> {

@@ -1,0 +1,544 @@
+//! The iced-x86 code path this crate used before `encode.rs`: Program → iced `Instruction`s →
+//! CodeAssembler. Test-only, as the oracle the direct encoder must match byte for byte.
+
+use iced_x86::code_asm::registers::ymm;
+use iced_x86::code_asm::{ymmword_ptr, CodeAssembler, CodeLabel};
+use iced_x86::{Code, Instruction, MemoryOperand, Register};
+use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Trips, VReg};
+
+use smallgemm_ir::MachineCode;
+
+use crate::abi::{self, CallConv};
+use crate::{regs, EmitError};
+
+/// The instruction forms of one (ISA, dtype): vector ops are the same code with other opcodes.
+struct Forms {
+    load: Code,
+    store: Code,
+    masked_load: Code,
+    masked_store: Code,
+    broadcast: Code,
+    load_scalar: Code,
+    store_scalar: Code,
+    fma: Code,
+    fnma: Code,
+    add: Code,
+    sub: Code,
+    mul: Code,
+}
+
+fn forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
+    use Code::*;
+    Ok(match (isa, dtype) {
+        (Isa::Avx2, Dtype::F64) => Forms {
+            load: VEX_Vmovupd_ymm_ymmm256,
+            store: VEX_Vmovupd_ymmm256_ymm,
+            masked_load: VEX_Vmaskmovpd_ymm_ymm_m256,
+            masked_store: VEX_Vmaskmovpd_m256_ymm_ymm,
+            broadcast: VEX_Vbroadcastsd_ymm_m64,
+            load_scalar: VEX_Vmovsd_xmm_m64,
+            store_scalar: VEX_Vmovsd_m64_xmm,
+            fma: VEX_Vfmadd231pd_ymm_ymm_ymmm256,
+            fnma: VEX_Vfnmadd231pd_ymm_ymm_ymmm256,
+            add: VEX_Vaddpd_ymm_ymm_ymmm256,
+            sub: VEX_Vsubpd_ymm_ymm_ymmm256,
+            mul: VEX_Vmulpd_ymm_ymm_ymmm256,
+        },
+        (Isa::Avx2, Dtype::F32) => Forms {
+            load: VEX_Vmovups_ymm_ymmm256,
+            store: VEX_Vmovups_ymmm256_ymm,
+            masked_load: VEX_Vmaskmovps_ymm_ymm_m256,
+            masked_store: VEX_Vmaskmovps_m256_ymm_ymm,
+            broadcast: VEX_Vbroadcastss_ymm_m32,
+            load_scalar: VEX_Vmovss_xmm_m32,
+            store_scalar: VEX_Vmovss_m32_xmm,
+            fma: VEX_Vfmadd231ps_ymm_ymm_ymmm256,
+            fnma: VEX_Vfnmadd231ps_ymm_ymm_ymmm256,
+            add: VEX_Vaddps_ymm_ymm_ymmm256,
+            sub: VEX_Vsubps_ymm_ymm_ymmm256,
+            mul: VEX_Vmulps_ymm_ymm_ymmm256,
+        },
+        (Isa::Avx512, Dtype::F64) => Forms {
+            load: EVEX_Vmovupd_zmm_k1z_zmmm512,
+            store: EVEX_Vmovupd_zmmm512_k1z_zmm,
+            masked_load: EVEX_Vmovupd_zmm_k1z_zmmm512,
+            masked_store: EVEX_Vmovupd_zmmm512_k1z_zmm,
+            broadcast: EVEX_Vbroadcastsd_zmm_k1z_xmmm64,
+            load_scalar: EVEX_Vmovsd_xmm_k1z_m64,
+            store_scalar: EVEX_Vmovsd_m64_k1_xmm,
+            fma: EVEX_Vfmadd231pd_zmm_k1z_zmm_zmmm512b64_er,
+            fnma: EVEX_Vfnmadd231pd_zmm_k1z_zmm_zmmm512b64_er,
+            add: EVEX_Vaddpd_zmm_k1z_zmm_zmmm512b64_er,
+            sub: EVEX_Vsubpd_zmm_k1z_zmm_zmmm512b64_er,
+            mul: EVEX_Vmulpd_zmm_k1z_zmm_zmmm512b64_er,
+        },
+        (Isa::Avx512, Dtype::F32) => Forms {
+            load: EVEX_Vmovups_zmm_k1z_zmmm512,
+            store: EVEX_Vmovups_zmmm512_k1z_zmm,
+            masked_load: EVEX_Vmovups_zmm_k1z_zmmm512,
+            masked_store: EVEX_Vmovups_zmmm512_k1z_zmm,
+            broadcast: EVEX_Vbroadcastss_zmm_k1z_xmmm32,
+            load_scalar: EVEX_Vmovss_xmm_k1z_m32,
+            store_scalar: EVEX_Vmovss_m32_k1_xmm,
+            fma: EVEX_Vfmadd231ps_zmm_k1z_zmm_zmmm512b32_er,
+            fnma: EVEX_Vfnmadd231ps_zmm_k1z_zmm_zmmm512b32_er,
+            add: EVEX_Vaddps_zmm_k1z_zmm_zmmm512b32_er,
+            sub: EVEX_Vsubps_zmm_k1z_zmm_zmmm512b32_er,
+            mul: EVEX_Vmulps_zmm_k1z_zmm_zmmm512b32_er,
+        },
+        (_, Dtype::F16) => return Err(EmitError::Unsupported("f16", isa)),
+        (Isa::Neon, _) => return Err(EmitError::Unsupported("the x86-64 backend", isa)),
+    })
+}
+
+/// Scalar moves have shorter VEX forms while the register is below 16.
+fn vex_scalar(dtype: Dtype, load: bool) -> Code {
+    match (dtype, load) {
+        (Dtype::F64, true) => Code::VEX_Vmovsd_xmm_m64,
+        (Dtype::F64, false) => Code::VEX_Vmovsd_m64_xmm,
+        // f16 programs are rejected by `forms` before any operation is emitted.
+        (_, true) => Code::VEX_Vmovss_xmm_m32,
+        (_, false) => Code::VEX_Vmovss_m32_xmm,
+    }
+}
+
+pub(crate) struct Emitter<'a> {
+    asm: CodeAssembler,
+    program: &'a Program,
+    isa: Isa,
+    conv: CallConv,
+    /// Bytes from rbp up to the stack pointer at entry (when the kernel has a frame).
+    entry_offset: i32,
+    forms: Forms,
+    /// AVX2 tail masks: (label of the constant, vector register, enabled lanes).
+    mask_constants: Vec<(CodeLabel, u32)>,
+}
+
+impl<'a> Emitter<'a> {
+    pub(crate) fn new(program: &'a Program, isa: Isa, conv: CallConv) -> Result<Self, EmitError> {
+        let mut asm = CodeAssembler::new(64)?;
+        asm.set_prefer_vex(true);
+        Ok(Emitter {
+            asm,
+            program,
+            isa,
+            conv,
+            entry_offset: 0,
+            forms: forms(isa, program.dtype)?,
+            mask_constants: Vec::new(),
+        })
+    }
+
+    /// Prologue, the program's operations, epilogue.
+    pub(crate) fn body(&mut self) -> Result<(), EmitError> {
+        let program = self.program;
+        let general = self.conv.general();
+        if program.gprs > general.len() {
+            return Err(EmitError::TooManyGeneralRegisters {
+                needed: program.gprs,
+                available: general.len(),
+            });
+        }
+        let pushed: Vec<Register> = general[..program.gprs]
+            .iter()
+            .copied()
+            .filter(|&r| self.conv.is_callee_saved(r))
+            .collect();
+        let saved_vectors: Vec<usize> = self
+            .conv
+            .callee_saved_vectors()
+            .filter(|&v| v < program.vregs)
+            .collect();
+        let scratch = (program.scratch_bytes as i32 + 63) / 64 * 64;
+        let frame = scratch > 0 || !saved_vectors.is_empty();
+        for &r in &pushed {
+            self.add(Instruction::with1(Code::Push_r64, r)?)?;
+        }
+        if frame {
+            // rbp = the stack pointer after the pushes; rsp = a 64-byte aligned area below it:
+            // scratch memory first, then the saved vector registers.
+            self.add(Instruction::with1(Code::Push_r64, Register::RBP)?)?;
+            self.add(Instruction::with2(
+                Code::Mov_r64_rm64,
+                Register::RBP,
+                Register::RSP,
+            )?)?;
+            self.add(Instruction::with2(
+                Code::And_rm64_imm8,
+                Register::RSP,
+                -64i32,
+            )?)?;
+            let size = scratch + 16 * saved_vectors.len() as i32;
+            self.add(Instruction::with2(
+                Code::Sub_rm64_imm32,
+                Register::RSP,
+                size,
+            )?)?;
+            // Stack arguments sit above the return address, the pushes and rbp's slot.
+            self.entry_offset = 8 * (pushed.len() as i32 + 1);
+        }
+        for (i, &v) in saved_vectors.iter().enumerate() {
+            let slot =
+                MemoryOperand::with_base_displ(Register::RSP, (scratch + 16 * i as i32) as i64);
+            let x = xmm(VReg(v as u8));
+            self.add(Instruction::with2(Code::VEX_Vmovdqu_xmmm128_xmm, slot, x)?)?;
+        }
+        self.ops(&program.ops)?;
+        for (i, &v) in saved_vectors.iter().enumerate() {
+            let slot =
+                MemoryOperand::with_base_displ(Register::RSP, (scratch + 16 * i as i32) as i64);
+            let x = xmm(VReg(v as u8));
+            self.add(Instruction::with2(Code::VEX_Vmovdqu_xmm_xmmm128, x, slot)?)?;
+        }
+        if frame {
+            self.add(Instruction::with2(
+                Code::Mov_r64_rm64,
+                Register::RSP,
+                Register::RBP,
+            )?)?;
+            self.add(Instruction::with1(Code::Pop_r64, Register::RBP)?)?;
+        }
+        for &r in pushed.iter().rev() {
+            self.add(Instruction::with1(Code::Pop_r64, r)?)?;
+        }
+        self.asm.vzeroupper()?;
+        self.asm.ret()?;
+        Ok(())
+    }
+
+    /// Appends the constants and assembles.
+    pub(crate) fn finish(mut self) -> Result<MachineCode, EmitError> {
+        let program = self.program;
+        let mut end = self.asm.create_label();
+        self.asm.set_label(&mut end)?;
+        self.asm.zero_bytes()?;
+        let constants = std::mem::take(&mut self.mask_constants);
+        let lanes = program.lanes as u32;
+        for (mut label, enabled) in constants {
+            self.asm.set_label(&mut label)?;
+            match program.dtype {
+                Dtype::F64 => self.asm.dq(&(0..lanes)
+                    .map(|i| if i < enabled { u64::MAX } else { 0 })
+                    .collect::<Vec<_>>())?,
+                Dtype::F32 | Dtype::F16 => self.asm.dd(&(0..lanes)
+                    .map(|i| if i < enabled { u32::MAX } else { 0 })
+                    .collect::<Vec<_>>())?,
+            }
+        }
+        let result = self.asm.assemble_options(
+            0,
+            iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+        )?;
+        let code_len = result.label_ip(&end)? as usize;
+        Ok(MachineCode {
+            bytes: result.inner.code_buffer,
+            code_len,
+        })
+    }
+
+    fn ops(&mut self, ops: &[Op]) -> Result<(), EmitError> {
+        for op in ops {
+            self.op(op)?;
+        }
+        Ok(())
+    }
+
+    fn gpr(&self, g: smallgemm_ir::Gpr) -> Result<Register, EmitError> {
+        regs::general(self.conv.general(), g)
+    }
+
+    fn mem(&self, addr: Addr, broadcast: bool) -> Result<MemoryOperand, EmitError> {
+        let displ = addr.offset as i64;
+        Ok(MemoryOperand::new(
+            self.gpr(addr.base)?,
+            Register::None,
+            1,
+            displ,
+            // 1 = the shortest displacement that fits (none for 0).
+            if displ == 0 { 0 } else { 1 },
+            broadcast,
+            Register::None,
+        ))
+    }
+
+    fn v(&self, r: smallgemm_ir::VReg) -> Result<Register, EmitError> {
+        if r.0 as usize >= self.program.vregs {
+            return Err(EmitError::TooManyVectorRegisters(r.0 as usize + 1));
+        }
+        Ok(vector(self.isa, r))
+    }
+
+    fn add(&mut self, i: Instruction) -> Result<(), EmitError> {
+        self.asm.add_instruction(i)?;
+        Ok(())
+    }
+
+    /// Applies a tail mask to a load or store: an opmask on AVX-512, or the vmaskmov form
+    /// with the mask's vector register on AVX2.
+    fn masked(
+        &mut self,
+        store: bool,
+        reg: Register,
+        mem: MemoryOperand,
+        mask: smallgemm_ir::Mask,
+    ) -> Result<(), EmitError> {
+        match self.isa {
+            Isa::Avx512 => {
+                let code = if store {
+                    self.forms.masked_store
+                } else {
+                    self.forms.masked_load
+                };
+                let mut i = if store {
+                    Instruction::with2(code, mem, reg)?
+                } else {
+                    Instruction::with2(code, reg, mem)?
+                };
+                i.set_op_mask(regs::opmask(mask.0)?);
+                i.set_zeroing_masking(!store);
+                self.add(i)
+            }
+            Isa::Neon => Err(EmitError::Unsupported("the x86-64 backend", self.isa)),
+            Isa::Avx2 => {
+                let m = self
+                    .program
+                    .mask_vreg(mask)
+                    .ok_or(EmitError::MaskWithoutRegister(mask.0))?;
+                let m = self.v(m)?;
+                let i = if store {
+                    Instruction::with3(self.forms.masked_store, mem, m, reg)?
+                } else {
+                    Instruction::with3(self.forms.masked_load, reg, m, mem)?
+                };
+                self.add(i)
+            }
+        }
+    }
+
+    fn op(&mut self, op: &Op) -> Result<(), EmitError> {
+        let f = &self.forms;
+        let (fma, fnma, add, sub, mul) = (f.fma, f.fnma, f.add, f.sub, f.mul);
+        let (load, store, broadcast) = (f.load, f.store, f.broadcast);
+        let dtype = self.program.dtype;
+        match *op {
+            Op::Zero { dst } => {
+                // The xmm forms zero the whole register and are recognised as zero idioms.
+                let x = xmm(dst);
+                let i = if dst.0 < 16 {
+                    Instruction::with3(Code::VEX_Vxorps_xmm_xmm_xmmm128, x, x, x)?
+                } else {
+                    Instruction::with3(Code::EVEX_Vpxord_xmm_k1z_xmm_xmmm128b32, x, x, x)?
+                };
+                self.add(i)?;
+            }
+            Op::Load { dst, addr, mask } => {
+                let (r, m) = (self.v(dst)?, self.mem(addr, false)?);
+                match mask {
+                    None => self.add(Instruction::with2(load, r, m)?)?,
+                    Some(mask) => self.masked(false, r, m, mask)?,
+                }
+            }
+            Op::Store { addr, src, mask } => {
+                let (r, m) = (self.v(src)?, self.mem(addr, false)?);
+                match mask {
+                    None => self.add(Instruction::with2(store, m, r)?)?,
+                    Some(mask) => self.masked(true, r, m, mask)?,
+                }
+            }
+            Op::Broadcast { dst, addr } => {
+                let i = Instruction::with2(broadcast, self.v(dst)?, self.mem(addr, false)?)?;
+                self.add(i)?;
+            }
+            Op::LoadScalar { dst, addr } => {
+                self.v(dst)?;
+                let code = if dst.0 < 16 {
+                    vex_scalar(dtype, true)
+                } else {
+                    self.forms.load_scalar
+                };
+                self.add(Instruction::with2(code, xmm(dst), self.mem(addr, false)?)?)?;
+            }
+            Op::StoreScalar { addr, src } => {
+                self.v(src)?;
+                let code = if src.0 < 16 {
+                    vex_scalar(dtype, false)
+                } else {
+                    self.forms.store_scalar
+                };
+                self.add(Instruction::with2(code, self.mem(addr, false)?, xmm(src))?)?;
+            }
+            Op::Fma { acc, a, b, negate } => {
+                let code = if negate { fnma } else { fma };
+                let i = Instruction::with3(code, self.v(acc)?, self.v(a)?, self.v(b)?)?;
+                self.add(i)?;
+            }
+            Op::FmaBroadcast { acc, a, b, negate } => {
+                if self.isa != Isa::Avx512 {
+                    return Err(EmitError::Unsupported(
+                        "FMA with a broadcast operand",
+                        self.isa,
+                    ));
+                }
+                let code = if negate { fnma } else { fma };
+                let i = Instruction::with3(code, self.v(acc)?, self.v(a)?, self.mem(b, true)?)?;
+                self.add(i)?;
+            }
+            Op::FmaLane { .. } => {
+                return Err(EmitError::Unsupported("FMA by element", self.isa));
+            }
+            Op::Add { dst, a, b } => self.add(Instruction::with3(
+                add,
+                self.v(dst)?,
+                self.v(a)?,
+                self.v(b)?,
+            )?)?,
+            Op::Sub { dst, a, b } => self.add(Instruction::with3(
+                sub,
+                self.v(dst)?,
+                self.v(a)?,
+                self.v(b)?,
+            )?)?,
+            Op::Mul { dst, a, b } => self.add(Instruction::with3(
+                mul,
+                self.v(dst)?,
+                self.v(a)?,
+                self.v(b)?,
+            )?)?,
+            Op::SetMask { mask, lanes } => match self.isa {
+                Isa::Avx512 => {
+                    let bits = ((1u32 << lanes) - 1) as i32;
+                    let temp = low32(abi::TEMP);
+                    self.add(Instruction::with2(Code::Mov_r32_imm32, temp, bits)?)?;
+                    let k = regs::opmask(mask.0)?;
+                    self.add(Instruction::with2(Code::VEX_Kmovw_kr_r32, k, temp)?)?;
+                }
+                Isa::Neon => {
+                    return Err(EmitError::Unsupported("the x86-64 backend", self.isa));
+                }
+                Isa::Avx2 => {
+                    let vreg = self
+                        .program
+                        .mask_vreg(mask)
+                        .ok_or(EmitError::MaskWithoutRegister(mask.0))?;
+                    let r = ymm::get_ymm(self.v(vreg)?)
+                        .ok_or(EmitError::Unsupported("a mask above ymm15", self.isa))?;
+                    // The constant goes after the code; the assembler resolves the label.
+                    let label = self.asm.create_label();
+                    self.mask_constants.push((label, lanes));
+                    self.asm.vmovdqu(r, ymmword_ptr(label))?;
+                }
+            },
+            Op::StoreParam { param, addr } => {
+                let index = self
+                    .program
+                    .params
+                    .iter()
+                    .position(|p| *p == param)
+                    .ok_or(EmitError::UnknownParam)?;
+                let to = self.mem(addr, false)?;
+                match self.conv.float_argument(index) {
+                    abi::ArgumentLocation::Register(x) => {
+                        self.add(Instruction::with2(vex_scalar(dtype, false), to, x)?)?;
+                    }
+                    abi::ArgumentLocation::Stack(offset) => {
+                        // Copy the argument's slot through the temporary register; rbp is
+                        // `entry_offset` bytes below the stack pointer at entry.
+                        let from = MemoryOperand::with_base_displ(
+                            Register::RBP,
+                            (self.entry_offset + offset) as i64,
+                        );
+                        let (load, store, temp) = match dtype {
+                            Dtype::F64 => (Code::Mov_r64_rm64, Code::Mov_rm64_r64, abi::TEMP),
+                            _ => (Code::Mov_r32_rm32, Code::Mov_rm32_r32, low32(abi::TEMP)),
+                        };
+                        self.add(Instruction::with2(load, temp, from)?)?;
+                        self.add(Instruction::with2(store, to, temp)?)?;
+                    }
+                }
+            }
+            Op::StoreConst { value, addr } => {
+                let words: Vec<u32> = match dtype {
+                    Dtype::F64 => {
+                        let bits = value.to_bits();
+                        vec![bits as u32, (bits >> 32) as u32]
+                    }
+                    Dtype::F32 | Dtype::F16 => vec![(value as f32).to_bits()],
+                };
+                for (w, word) in words.into_iter().enumerate() {
+                    let at = Addr::new(addr.base, addr.offset + 4 * w as i32);
+                    let i = Instruction::with2(Code::Mov_rm32_imm32, self.mem(at, false)?, word)?;
+                    self.add(i)?;
+                }
+            }
+            Op::LoadAddress { dst, addr } => {
+                let i =
+                    Instruction::with2(Code::Mov_r64_rm64, self.gpr(dst)?, self.mem(addr, false)?)?;
+                self.add(i)?;
+            }
+            Op::Copy { dst, src } => {
+                let i = Instruction::with2(Code::Mov_r64_rm64, self.gpr(dst)?, self.gpr(src)?)?;
+                self.add(i)?;
+            }
+            Op::AddImm { dst, imm } => {
+                let code = if i8::try_from(imm).is_ok() {
+                    Code::Add_rm64_imm8
+                } else {
+                    Code::Add_rm64_imm32
+                };
+                self.add(Instruction::with2(code, self.gpr(dst)?, imm)?)?;
+            }
+            Op::Loop {
+                counter,
+                trips,
+                ref body,
+            } => {
+                let counter = self.gpr(counter)?;
+                let mut top = self.asm.create_label();
+                let mut done = self.asm.create_label();
+                match trips {
+                    Trips::Const(n) => {
+                        self.add(Instruction::with2(Code::Mov_r32_imm32, low32(counter), n)?)?;
+                    }
+                    Trips::Register => {
+                        self.add(Instruction::with2(Code::Test_rm64_r64, counter, counter)?)?;
+                        self.asm.jz(done)?;
+                    }
+                }
+                self.asm.set_label(&mut top)?;
+                self.ops(body)?;
+                self.add(Instruction::with1(Code::Dec_rm64, counter)?)?;
+                self.asm.jnz(top)?;
+                if trips == Trips::Register {
+                    self.asm.set_label(&mut done)?;
+                    self.asm.zero_bytes()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The 32-bit view of a 64-bit general register (writing it zero-extends).
+fn low32(r: Register) -> Register {
+    Register::try_from(Register::EAX as usize + (r as usize - Register::RAX as usize))
+        .expect("every 64-bit general register has a 32-bit view")
+}
+
+/// The vector register for `v`: ymm on AVX2, zmm on AVX-512.
+fn vector(isa: Isa, v: VReg) -> Register {
+    let first = match isa {
+        // NEON programs are rejected before any register is mapped.
+        Isa::Avx2 | Isa::Neon => Register::YMM0,
+        Isa::Avx512 => Register::ZMM0,
+    };
+    nth_register(first, v.0 as usize)
+}
+
+/// The xmm register that aliases the low lanes of `v`.
+fn xmm(v: VReg) -> Register {
+    nth_register(Register::XMM0, v.0 as usize)
+}
+
+fn nth_register(first: Register, i: usize) -> Register {
+    Register::try_from(first as usize + i).expect("register numbers are checked against the target")
+}
