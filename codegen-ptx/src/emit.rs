@@ -417,6 +417,100 @@ fn store_vector(
     }
 }
 
+/// Copies one operand of a packed, tight problem (its `len` elements contiguous) to shared
+/// memory as a flat array with 16-byte loads, whatever the problem's alignment: vectors
+/// start at the 16-byte boundary at or below the matrix; a vector wholly inside the matrix
+/// is one load, the (at most two) partial ones at its ends load element by element. Each
+/// element then goes to its place (l, o) = (f % lead, f / lead) in the shared copy.
+#[allow(clippy::too_many_arguments)]
+fn load_flat(
+    asm: &mut Asm,
+    dtype: Dtype,
+    lt: &str,
+    tpp: usize,
+    global: &str,
+    shared: &str,
+    lead: usize,
+    len: usize,
+    sl: usize,
+    so: usize,
+) {
+    let elt = dtype.size();
+    let v = 16 / elt;
+    let (kind, ty) = elt_kind(dtype);
+    // Shift s: elements between the 16-byte boundary below the matrix and its start.
+    let lo = asm.reg(Kind::B32);
+    asm.op(format!("cvt.u32.u64 {lo}, {global}"));
+    let shift = asm.reg(Kind::B32);
+    asm.op(format!("and.b32 {shift}, {lo}, 15"));
+    let aligned = asm.reg(Kind::B64);
+    let shift64 = asm.reg(Kind::B64);
+    asm.op(format!("cvt.u64.u32 {shift64}, {shift}"));
+    asm.op(format!("sub.u64 {aligned}, {global}, {shift64}"));
+    asm.op(format!(
+        "shr.u32 {shift}, {shift}, {}",
+        elt.trailing_zeros()
+    ));
+    // This thread's first vector: bytes lt * 16 past the boundary; flat index lt * v - s.
+    let off64 = asm.reg(Kind::B64);
+    asm.op(format!("mul.wide.u32 {off64}, {lt}, 16"));
+    let gbase = asm.reg(Kind::B64);
+    asm.op(format!("add.u64 {gbase}, {aligned}, {off64}"));
+    let f0 = asm.reg(Kind::B32);
+    asm.op(format!("mul.lo.u32 {f0}, {lt}, {v}"));
+    asm.op(format!("sub.u32 {f0}, {f0}, {shift}"));
+    let vectors = (len + v - 1).div_ceil(v);
+    for i in 0..vectors.div_ceil(tpp) {
+        // fs = flat index of the vector's first element (wraps below 0 for the first).
+        let fs = asm.reg(Kind::B32);
+        asm.op(format!("add.u32 {fs}, {f0}, {}", i * tpp * v));
+        let full = asm.reg(Kind::Pred);
+        asm.op(format!("setp.le.u32 {full}, {fs}, {}", len - v));
+        let not_full = asm.reg(Kind::Pred);
+        asm.op(format!("not.pred {not_full}, {full}"));
+        let goff = i * tpp * 16;
+        let x: Vec<String> = (0..v).map(|_| asm.reg(kind)).collect();
+        match dtype {
+            Dtype::F16 => {
+                let w: Vec<String> = (0..4).map(|_| asm.reg(Kind::B32)).collect();
+                asm.op(format!(
+                    "@{full} ld.global.v4.b32 {{{}}}, [{gbase}+{goff}]",
+                    w.join(", ")
+                ));
+                for (j, word) in w.iter().enumerate() {
+                    asm.op(format!(
+                        "@{full} mov.b32 {{{}, {}}}, {word}",
+                        x[2 * j],
+                        x[2 * j + 1]
+                    ));
+                }
+            }
+            _ => asm.op(format!(
+                "@{full} ld.global.v{v}.{ty} {{{}}}, [{gbase}+{goff}]",
+                x.join(", ")
+            )),
+        }
+        for (e, xe) in x.iter().enumerate() {
+            let f = asm.reg(Kind::B32);
+            asm.op(format!("add.u32 {f}, {fs}, {e}"));
+            let valid = asm.lt(&f, &len.to_string());
+            let partial = asm.reg(Kind::Pred);
+            asm.op(format!("and.pred {partial}, {valid}, {not_full}"));
+            asm.op(format!(
+                "@{partial} ld.global.{ty} {xe}, [{gbase}+{}]",
+                goff + e * elt
+            ));
+            let (l, o) = (asm.reg(Kind::B32), asm.reg(Kind::B32));
+            asm.op(format!("rem.u32 {l}, {f}, {lead}"));
+            asm.op(format!("div.u32 {o}, {f}, {lead}"));
+            let at = asm.reg(Kind::B32);
+            asm.op(format!("mad.lo.u32 {at}, {l}, {}, {shared}", sl * elt));
+            asm.op(format!("mad.lo.u32 {at}, {o}, {}, {at}", so * elt));
+            asm.op(format!("@{valid} st.shared.{ty} [{at}], {xe}"));
+        }
+    }
+}
+
 /// The widest vector (in elements, at most 16 bytes) a loader may use: the lead extents,
 /// the leading dimension and the batch stride must be multiples of it, and the matrix
 /// addresses known aligned (strided batches; pointer arrays may point anywhere).
@@ -600,22 +694,37 @@ pub(crate) fn kernel(
         ),
     };
     let v = vector_width(kind, dtype, lead, &problem.lda, lext, p.stride_a);
-    load_operand(
-        &mut asm,
-        dtype,
-        &lt,
-        tpp,
-        &problem.a,
-        &sa,
-        lead,
-        other,
-        &problem.lda,
-        lext,
-        oext,
-        sl,
-        so,
-        v,
-    );
+    let packed = lead.max * other.max;
+    if v < 16 / elt
+        && kind == BatchKind::Strided
+        && lead.runtime.is_none()
+        && (lext, oext) == (lead.max, other.max)
+        && problem.lda.max == lead.max
+        && p.stride_a == packed
+        // Measured: a win from about 2 KiB per matrix, a loss on tiny ones.
+        && packed * elt >= 2048
+    {
+        load_flat(
+            &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
+        );
+    } else {
+        load_operand(
+            &mut asm,
+            dtype,
+            &lt,
+            tpp,
+            &problem.a,
+            &sa,
+            lead,
+            other,
+            &problem.lda,
+            lext,
+            oext,
+            sl,
+            so,
+            v,
+        );
+    }
     let (lead, other, lext, oext, sl, so) = match p.trans_b {
         Trans::N => (
             &problem.k,
@@ -635,22 +744,37 @@ pub(crate) fn kernel(
         ),
     };
     let v = vector_width(kind, dtype, lead, &problem.ldb, lext, p.stride_b);
-    load_operand(
-        &mut asm,
-        dtype,
-        &lt,
-        tpp,
-        &problem.b,
-        &sb,
-        lead,
-        other,
-        &problem.ldb,
-        lext,
-        oext,
-        sl,
-        so,
-        v,
-    );
+    let packed = lead.max * other.max;
+    if v < 16 / elt
+        && kind == BatchKind::Strided
+        && lead.runtime.is_none()
+        && (lext, oext) == (lead.max, other.max)
+        && problem.ldb.max == lead.max
+        && p.stride_b == packed
+        // Measured: a win from about 2 KiB per matrix, a loss on tiny ones.
+        && packed * elt >= 2048
+    {
+        load_flat(
+            &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
+        );
+    } else {
+        load_operand(
+            &mut asm,
+            dtype,
+            &lt,
+            tpp,
+            &problem.b,
+            &sb,
+            lead,
+            other,
+            &problem.ldb,
+            lext,
+            oext,
+            sl,
+            so,
+            v,
+        );
+    }
     asm.place(&skip_load);
     asm.op("bar.sync 0");
     let exit = asm.label();
