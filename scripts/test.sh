@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 # toolchain yet; later backends add theirs here).
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+# The NEON tests' AArch64 emulator (unicorn-engine, a dev-dependency) builds its bundled C
+# library with cmake and generates its bindings with libclang.
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+dpkg -s libclang-dev >/dev/null 2>&1 || need_apt+=(libclang-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
 fi

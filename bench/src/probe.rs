@@ -61,6 +61,8 @@ pub fn fma_loop(isa: Isa, dtype: Dtype) -> Result<f64, String> {
                 (Isa::Avx512, _) => fma_zmm_ps(FMA_ITERS),
                 (Isa::Avx2, Dtype::F64) => fma_ymm_pd(FMA_ITERS),
                 (Isa::Avx2, _) => fma_ymm_ps(FMA_ITERS),
+                // check_isa above: an x86-64 CPU never runs NEON.
+                (Isa::Neon, _) => return Err("the FMA probe has no NEON version".into()),
                 // Other ISAs (NEON) never pass check_isa on x86-64.
                 #[allow(unreachable_patterns)]
                 _ => return Err(format!("no FMA probe for {}", isa.name())),
@@ -110,6 +112,7 @@ pub fn stream(
                 (Isa::Avx2, Pattern::Gemm) => gemm_ymm(x, y, z, bytes),
                 (Isa::Avx2, Pattern::Copy) => copy_ymm(x, z, bytes),
                 (Isa::Avx2, Pattern::Triad) => triad_ymm(x, y, z, bytes),
+                (Isa::Neon, _) => return Err("the bandwidth probes have no NEON version".into()),
                 // Other ISAs (NEON) never pass check_isa on x86-64.
                 #[allow(unreachable_patterns)]
                 _ => return Err(format!("no bandwidth probe for {}", isa.name())),

@@ -21,10 +21,13 @@ pub fn supported_isas() -> Vec<Isa> {
             isas.push(Isa::Avx2);
         }
     }
+    // Advanced SIMD is part of every AArch64 CPU that runs a general-purpose OS.
+    #[cfg(target_arch = "aarch64")]
+    isas.push(Isa::Neon);
     isas
 }
 
-/// The best target of this CPU: AVX-512 over AVX2.
+/// The best target of this CPU: AVX-512 over AVX2; NEON on AArch64.
 pub fn detect() -> Result<Target, Error> {
     supported_isas()
         .first()
@@ -39,7 +42,7 @@ pub fn require(isa: Isa) -> Result<Target, Error> {
         Ok(Target::new(isa))
     } else {
         let available = if isas.is_empty() {
-            "none of avx2, avx512".to_string()
+            "none of avx2, avx512, neon".to_string()
         } else {
             isas.iter().map(|i| i.name()).collect::<Vec<_>>().join(", ")
         };

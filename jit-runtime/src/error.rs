@@ -12,7 +12,9 @@ pub enum Error {
     Lower(#[from] LowerError),
     #[error("cannot encode the kernel: {0}")]
     Emit(#[from] EmitError),
-    #[error("this CPU supports neither AVX-512 (F, VL, DQ, BW) nor AVX2 with FMA; smallgemm's JIT needs one of them")]
+    #[error("cannot encode the NEON kernel: {0}")]
+    EmitNeon(#[from] smallgemm_codegen_arm::EmitError),
+    #[error("this CPU supports none of AVX-512 (F, VL, DQ, BW), AVX2 with FMA and AArch64 NEON; smallgemm's JIT needs one of them")]
     NoSupportedIsa,
     #[error("this build has no code generator for {0}")]
     NoBackend(Isa),

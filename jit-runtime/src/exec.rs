@@ -18,6 +18,11 @@ impl ExecutableCode {
         let map = map
             .make_exec()
             .map_err(|e| Error::ExecutableMemory(e.to_string()))?;
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: the range is the mapping just written, readable and mapped.
+        unsafe {
+            synchronize_icache(map.as_ptr(), code.len())
+        };
         Ok(ExecutableCode { map })
     }
 
@@ -25,6 +30,35 @@ impl ExecutableCode {
     pub fn entry(&self) -> *const u8 {
         self.map.as_ptr()
     }
+}
+
+/// Makes freshly written code visible to instruction fetch. AArch64 instruction caches are
+/// not coherent with data writes: clean the data cache lines to the point of unification,
+/// invalidate the instruction cache lines, and synchronise (what `__clear_cache` does).
+///
+/// Safety: `start..start + len` is mapped and readable.
+#[cfg(target_arch = "aarch64")]
+unsafe fn synchronize_icache(start: *const u8, len: usize) {
+    use std::arch::asm;
+    let ctr: u64;
+    // CTR_EL0: log2 of the smallest data (bits 19:16) and instruction (bits 3:0) cache line,
+    // in words.
+    asm!("mrs {}, ctr_el0", out(reg) ctr, options(nomem, nostack));
+    let data_line = 4usize << ((ctr >> 16) & 0xf);
+    let code_line = 4usize << (ctr & 0xf);
+    let (start, end) = (start as usize, start as usize + len);
+    let mut line = start & !(data_line - 1);
+    while line < end {
+        asm!("dc cvau, {}", in(reg) line, options(nostack));
+        line += data_line;
+    }
+    asm!("dsb ish", options(nostack));
+    let mut line = start & !(code_line - 1);
+    while line < end {
+        asm!("ic ivau, {}", in(reg) line, options(nostack));
+        line += code_line;
+    }
+    asm!("dsb ish", "isb", options(nostack));
 }
 
 impl std::fmt::Debug for ExecutableCode {

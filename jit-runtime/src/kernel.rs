@@ -54,7 +54,7 @@ pub fn generate_with_abi(
     let code = match target.isa {
         Isa::Avx2 | Isa::Avx512 => smallgemm_codegen_x86::emit_with(&program, target.isa, conv)?,
         // The NEON backend is wired in with its crate.
-        Isa::Neon => return Err(Error::NoBackend(target.isa)),
+        Isa::Neon => smallgemm_codegen_arm::emit(&program)?,
     };
     Ok(Generated {
         schedule,
@@ -67,7 +67,7 @@ pub fn generate_with_abi(
 pub fn listing(isa: Isa, code: &MachineCode) -> String {
     match isa {
         Isa::Avx2 | Isa::Avx512 => smallgemm_codegen_x86::listing(code),
-        Isa::Neon => String::new(),
+        Isa::Neon => smallgemm_codegen_arm::listing(code),
     }
 }
 
@@ -380,7 +380,17 @@ impl Kernel {
             entry(a, b, c, batch, x0, x1);
             Ok(())
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            // SAFETY: the code was emitted for this signature (AAPCS64: pointers and batch
+            // in x0..x3, scalars in v0, v1; see codegen-arm) for NEON, the only ISA an
+            // AArch64 JIT compiles for, and stays mapped while `self` lives.
+            let entry: unsafe extern "C" fn(_, _, _, usize, T, T) =
+                std::mem::transmute::<*const u8, _>(self.exec.entry());
+            entry(a, b, c, batch, x0, x1);
+            Ok(())
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             let _ = (a, b, c, batch, x0, x1);
             Err(Error::NoSupportedIsa)

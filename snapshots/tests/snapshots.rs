@@ -30,6 +30,48 @@ fn avx2_disassembly() {
     check(Isa::Avx2);
 }
 
+/// AArch64 NEON (AAPCS64), disassembled by yaxpeax-arm.
+#[test]
+fn neon_disassembly() {
+    check(Isa::Neon);
+}
+
+/// The NEON lowering of the first specs: B loaded as vectors and FMAs by element.
+#[test]
+fn neon_lowered_programs() {
+    for (name, spec) in fixed_specs().into_iter().take(3) {
+        let generated = generate(&spec, Target::NEON, None).unwrap();
+        insta::assert_snapshot!(
+            format!("program_neon_{name}"),
+            generated.program.to_string()
+        );
+    }
+}
+
+#[test]
+fn neon_has_fmla_by_element_paired_loads_and_partial_tails() {
+    let find = |wanted: &str| {
+        let (_, spec) = fixed_specs()
+            .into_iter()
+            .find(|(n, _)| *n == wanted)
+            .unwrap();
+        listing(
+            Isa::Neon,
+            &generate(&spec, Target::NEON, None).unwrap().code,
+        )
+    };
+    let text = find("d_13x3x5_tails_runtime");
+    // B as vectors, multiplied by one lane; A in pairs; the odd row of m = 13 as one d.
+    assert!(text.contains("fmla v") && text.contains(".d[1]"), "{text}");
+    assert!(text.contains("ldp q"), "{text}");
+    assert!(text.contains("ldr d"), "{text}");
+    assert!(!text.contains("ld4"), "{text}");
+    // f32 with m = 9: a one-lane tail; B transposed: its rows are the vectors.
+    let text = find("s_9x4x3_nt_fixed");
+    assert!(text.contains("fmla v") && text.contains(".s[3]"), "{text}");
+    assert!(text.contains("ldr s"), "{text}");
+}
+
 #[test]
 fn avx512_has_zmm_fmas_and_opmasks_on_tails() {
     let (_, spec) = fixed_specs()

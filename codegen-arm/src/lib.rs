@@ -1,0 +1,53 @@
+//! smallgemm's AArch64 backend: a lowered [`Program`] becomes NEON machine code (encoded
+//! with dynasm, AAPCS64 calling convention), and machine code becomes a listing
+//! (yaxpeax-arm).
+//!
+//! The emitted function is position independent (only PC-relative branches, no constants),
+//! has the signature
+//! `extern "C" fn(a: *const T, b: *const T, c: *mut T, batch: usize, [alpha: T], [beta: T])`
+//! with the scalars present as `Program::params` lists them (in v0, v1), and preserves
+//! x19..x28 and the low halves of v8..v15 when it uses them. Tails along m or of a B vector
+//! are partial loads and stores (`ldr d`/`ldr s`, a lane `ld1`/`st1` for three f32 lanes):
+//! NEON has no masks, and no byte beyond the enabled lanes is read or written.
+
+mod abi;
+mod disasm;
+mod emit;
+mod regs;
+
+use smallgemm_ir::{MachineCode, Program};
+use thiserror::Error;
+
+pub use disasm::{disassemble, listing};
+
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum EmitError {
+    #[error("the program needs {needed} general registers; the AArch64 backend has {available}")]
+    TooManyGeneralRegisters { needed: usize, available: usize },
+    #[error("the program uses vector register {0}, beyond what it declares or NEON has (32)")]
+    TooManyVectorRegisters(usize),
+    #[error("the program has {0} lanes per vector; NEON registers hold 16 bytes")]
+    Lanes(usize),
+    #[error("lane {0} is beyond the vector")]
+    Lane(u8),
+    #[error("mask m{0} is used but not declared")]
+    UndeclaredMask(u8),
+    #[error("the program stores a run-time scalar it does not declare")]
+    UnknownParam,
+    #[error("the program overwrites v0/v1 before storing the run-time scalars they carry")]
+    ParamClobbered,
+    #[error("{0} is not available on NEON")]
+    Unsupported(&'static str),
+    #[error("dynasm: {0}")]
+    Assembler(String),
+}
+
+/// Encodes `program` as AArch64 NEON machine code.
+pub fn emit(program: &Program) -> Result<MachineCode, EmitError> {
+    if program.vregs > 32 {
+        return Err(EmitError::TooManyVectorRegisters(program.vregs));
+    }
+    let mut emitter = emit::Emitter::new(program)?;
+    emitter.body()?;
+    emitter.finish()
+}

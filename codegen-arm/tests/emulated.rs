@@ -1,0 +1,221 @@
+//! The NEON correctness matrix, executed in an AArch64 emulator (unicorn): every kernel
+//! against the double-double reference with sentinels in and around C, NaN in C when
+//! beta = 0, the calling convention, and bit-for-bit agreement with the `Program`
+//! interpreter. The same shapes, transposes, scalar kinds, padding and batch gaps as the
+//! x86 matrix (`jit-runtime/tests/correctness.rs`).
+
+mod common;
+
+use common::{check_spec, padded_spec};
+use smallgemm_ir::reference::SplitMix64;
+use smallgemm_ir::{Dtype, GemmSpec, Layout, Scalar, Trans};
+
+const ALPHAS: [Scalar; 3] = [Scalar::One, Scalar::MinusOne, Scalar::Runtime];
+const BETAS: [Scalar; 3] = [Scalar::Zero, Scalar::One, Scalar::Runtime];
+const TRANS: [(Trans, Trans); 4] = [
+    (Trans::N, Trans::N),
+    (Trans::N, Trans::T),
+    (Trans::T, Trans::N),
+    (Trans::T, Trans::T),
+];
+/// Batch lengths that are not multiples of any chunk size.
+const BATCHES: [usize; 4] = [1, 3, 7, 13];
+
+fn check(dtype: Dtype, spec: &GemmSpec, batch: usize, seed: u64) {
+    match dtype {
+        Dtype::F64 => check_spec::<f64>(spec, batch, seed),
+        _ => check_spec::<f32>(spec, batch, seed),
+    }
+}
+
+/// Every square size 1..=32 with every transpose and alpha/beta combination.
+fn squares(dtype: Dtype) {
+    let mut seed = 0;
+    for n in 1..=32 {
+        for trans in TRANS {
+            for alpha in ALPHAS {
+                for beta in BETAS {
+                    seed += 1;
+                    let layout = if seed % 5 == 0 {
+                        Layout::RowMajor
+                    } else {
+                        Layout::ColMajor
+                    };
+                    let spec = padded_spec(dtype, layout, (n, n, n), trans, alpha, beta, seed % 3);
+                    check(dtype, &spec, BATCHES[seed % BATCHES.len()], seed as u64);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn squares_f64() {
+    squares(Dtype::F64)
+}
+
+#[test]
+fn squares_f32() {
+    squares(Dtype::F32)
+}
+
+/// The x86 matrix's 325 rectangular shapes up to 64, rich in 1, primes and sizes next to
+/// multiples of the vector widths.
+fn rectangular_shapes() -> Vec<(usize, usize, usize)> {
+    const FAVOURITES: [usize; 24] = [
+        1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 4, 8, 15, 16, 33,
+    ];
+    let mut rng = SplitMix64::new(2024);
+    let pick = |rng: &mut SplitMix64| {
+        if rng.next_u64() % 3 == 0 {
+            1 + (rng.next_u64() % 64) as usize
+        } else {
+            FAVOURITES[(rng.next_u64() % FAVOURITES.len() as u64) as usize]
+        }
+    };
+    let mut shapes: Vec<_> = (0..320)
+        .map(|_| (pick(&mut rng), pick(&mut rng), pick(&mut rng)))
+        .collect();
+    shapes.extend([(1, 1, 1), (64, 1, 1), (1, 64, 1), (1, 1, 64), (64, 64, 64)]);
+    shapes
+}
+
+fn rectangular(dtype: Dtype) {
+    let mut seed = 10_000;
+    for (i, shape) in rectangular_shapes().into_iter().enumerate() {
+        for (t, trans) in TRANS.into_iter().enumerate() {
+            seed += 1;
+            // Cycle through the 9 alpha/beta combinations and both layouts.
+            let combo = (i + t) % 9;
+            let (alpha, beta) = (ALPHAS[combo / 3], BETAS[combo % 3]);
+            let layout = if (i + t) % 4 == 1 {
+                Layout::RowMajor
+            } else {
+                Layout::ColMajor
+            };
+            let spec = padded_spec(dtype, layout, shape, trans, alpha, beta, i % 3);
+            check(dtype, &spec, BATCHES[(i + t) % BATCHES.len()], seed);
+        }
+    }
+}
+
+#[test]
+fn rectangular_f64() {
+    rectangular(Dtype::F64)
+}
+
+#[test]
+fn rectangular_f32() {
+    rectangular(Dtype::F32)
+}
+
+/// Other alpha and beta values: -1 for beta, values baked into the code, alpha = 0.
+#[test]
+fn other_scalar_kinds() {
+    let others = [
+        (Scalar::One, Scalar::MinusOne),
+        (Scalar::Runtime, Scalar::MinusOne),
+        (Scalar::fixed(0.75).unwrap(), Scalar::fixed(-2.5).unwrap()),
+        (Scalar::Zero, Scalar::Zero),
+        (Scalar::Zero, Scalar::Runtime),
+        (Scalar::MinusOne, Scalar::Runtime),
+    ];
+    let mut seed = 50_000;
+    for (alpha, beta) in others {
+        for shape in [(1, 1, 1), (9, 4, 3), (17, 17, 17), (33, 5, 8)] {
+            for trans in TRANS {
+                seed += 1;
+                let spec = padded_spec(Dtype::F64, Layout::ColMajor, shape, trans, alpha, beta, 1);
+                check_spec::<f64>(&spec, 3, seed);
+                let spec = padded_spec(Dtype::F32, Layout::RowMajor, shape, trans, alpha, beta, 2);
+                check_spec::<f32>(&spec, 3, seed);
+            }
+        }
+    }
+}
+
+/// Shapes above 64, up to 256 in every dimension: blocks and k become loops, scratch
+/// panels grow past the immediate offsets of loads and stores.
+#[test]
+fn large_shapes() {
+    let mut seed = 90_000;
+    for (shape, trans) in [
+        ((256, 256, 256), (Trans::N, Trans::N)),
+        ((256, 256, 256), (Trans::T, Trans::T)),
+        ((129, 200, 97), (Trans::T, Trans::N)),
+        ((100, 3, 256), (Trans::N, Trans::T)),
+        ((3, 250, 130), (Trans::N, Trans::N)),
+    ] {
+        seed += 1;
+        let spec = padded_spec(
+            Dtype::F64,
+            Layout::ColMajor,
+            shape,
+            trans,
+            Scalar::Runtime,
+            Scalar::Runtime,
+            1,
+        );
+        check_spec::<f64>(&spec, 2, seed);
+        let spec = padded_spec(
+            Dtype::F32,
+            Layout::RowMajor,
+            shape,
+            trans,
+            Scalar::One,
+            Scalar::Zero,
+            2,
+        );
+        check_spec::<f32>(&spec, 2, seed);
+    }
+}
+
+/// Batch strides of 0 reuse one A or B for every matrix; a batch of 0 runs nothing.
+#[test]
+fn zero_strides_and_empty_batches() {
+    let spec = GemmSpec::builder(Dtype::F64, 7, 5, 3)
+        .stride_a(0)
+        .beta(Scalar::One)
+        .build()
+        .unwrap();
+    check_spec::<f64>(&spec, 5, 7);
+    let spec = GemmSpec::builder(Dtype::F32, 7, 5, 3)
+        .stride_b(0)
+        .build()
+        .unwrap();
+    check_spec::<f32>(&spec, 5, 8);
+    check_spec::<f32>(&spec, 0, 9);
+}
+
+/// Pointer-array batches: the kernel loads each matrix's address from the arrays.
+#[test]
+fn pointer_arrays() {
+    let mut seed = 70_000;
+    for (shape, trans) in [
+        ((5, 3, 4), (Trans::N, Trans::N)),
+        ((9, 7, 5), (Trans::T, Trans::N)),
+        ((16, 16, 16), (Trans::N, Trans::T)),
+        ((100, 40, 90), (Trans::T, Trans::T)),
+    ] {
+        for (alpha, beta) in [
+            (Scalar::Runtime, Scalar::Runtime),
+            (Scalar::One, Scalar::Zero),
+            (Scalar::Zero, Scalar::One),
+        ] {
+            seed += 1;
+            let spec = |dtype, layout| {
+                GemmSpec::builder(dtype, shape.0, shape.1, shape.2)
+                    .layout(layout)
+                    .trans_a(trans.0)
+                    .trans_b(trans.1)
+                    .alpha(alpha)
+                    .beta(beta)
+                    .pointer_arrays()
+                    .build()
+                    .unwrap()
+            };
+            check_spec::<f64>(&spec(Dtype::F64, Layout::ColMajor), 5, seed);
+            check_spec::<f32>(&spec(Dtype::F32, Layout::RowMajor), 3, seed);
+        }
+    }
+}
