@@ -5,6 +5,8 @@ use smallgemm_ir::{Isa, Target};
 use crate::Error;
 
 /// Every ISA of ours that this CPU supports, best first.
+// On AArch64 the x86 probes are compiled out and NEON is pushed right after `new`.
+#[cfg_attr(target_arch = "aarch64", allow(clippy::vec_init_then_push))]
 pub fn supported_isas() -> Vec<Isa> {
     let mut isas = Vec::new();
     #[cfg(target_arch = "x86_64")]
