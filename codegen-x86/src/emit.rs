@@ -115,8 +115,9 @@ pub(crate) struct Emitter<'a> {
 impl<'a> Emitter<'a> {
     pub(crate) fn new(program: &'a Program, isa: Isa, conv: CallConv) -> Result<Self, EmitError> {
         Ok(Emitter {
-            // Most instructions are 4 to 7 bytes; loops make this a guess only.
-            asm: Assembler::with_capacity(256 + 8 * program.ops.len()),
+            // Instructions are 4 to 11 bytes: room for all of them, so the buffer is not
+            // regrown and copied midway.
+            asm: Assembler::with_capacity(256 + 12 * count_ops(&program.ops)),
             program,
             isa,
             conv,
@@ -234,6 +235,7 @@ impl<'a> Emitter<'a> {
     }
 
     /// A vector instruction without EVEX extras.
+    #[inline(always)]
     fn vec(&mut self, f: VForm, reg: u8, vvvv: u8, rm: Rm) {
         self.asm.vec(f, reg, vvvv, rm, Evex::default());
     }
@@ -479,6 +481,16 @@ impl<'a> Emitter<'a> {
         }
         Ok(())
     }
+}
+
+/// Operations in `ops`, loop bodies included once.
+fn count_ops(ops: &[Op]) -> usize {
+    ops.iter()
+        .map(|op| match op {
+            Op::Loop { body, .. } => 1 + count_ops(body),
+            _ => 1,
+        })
+        .sum()
 }
 
 /// The encoding number of a 64-bit general register (rax = 0 … r15 = 15).

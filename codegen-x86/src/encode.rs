@@ -187,9 +187,71 @@ enum Disp {
     D32,
 }
 
+/// One instruction being written straight into the buffer's next 16 bytes (no capacity
+/// check per byte, and no copy through the stack, whose narrow stores followed by a wide
+/// load stalled store forwarding).
+struct Inst<'a> {
+    b: &'a mut [u8; 16],
+    n: usize,
+}
+
+impl Inst<'_> {
+    #[inline(always)]
+    fn push(&mut self, x: u8) {
+        self.b[self.n] = x;
+        self.n += 1;
+    }
+
+    #[inline(always)]
+    fn extend(&mut self, xs: &[u8]) {
+        self.b[self.n..self.n + xs.len()].copy_from_slice(xs);
+        self.n += xs.len();
+    }
+
+    /// ModRM (+ SIB + displacement) for `reg` and `rm`; the disp8 scale is `1 << shift`.
+    #[inline(always)]
+    fn modrm(&mut self, reg: u8, rm: Rm, shift: u32) {
+        let reg = (reg & 7) << 3;
+        match rm {
+            Rm::Reg(r) => self.push(0xC0 | reg | (r & 7)),
+            Rm::Mem(m) => {
+                let base = m.base & 7;
+                // rbp/r13 with mod 00 would mean RIP-relative / no base.
+                let disp = if m.disp == 0 && !m.keep_disp && base != RBP {
+                    Disp::None
+                } else if m.disp & ((1 << shift) - 1) == 0 && i8::try_from(m.disp >> shift).is_ok()
+                {
+                    // N is a power of two: a shift, not a (slow) division.
+                    Disp::D8((m.disp >> shift) as i8)
+                } else {
+                    Disp::D32
+                };
+                let md = match disp {
+                    Disp::None => 0x00,
+                    Disp::D8(_) => 0x40,
+                    Disp::D32 => 0x80,
+                };
+                self.push(md | reg | base);
+                if base == RSP {
+                    // SIB: no index, the base again.
+                    self.push(0x24);
+                }
+                match disp {
+                    Disp::None => {}
+                    Disp::D8(d) => self.push(d as u8),
+                    Disp::D32 => self.extend(&m.disp.to_le_bytes()),
+                }
+            }
+        }
+    }
+}
+
 /// Machine code being written, with its labels and the references still to resolve.
 pub(crate) struct Assembler {
+    /// The code is `buf[..len]`; the rest is room, so that an instruction can be written
+    /// without growing the Vec byte by byte.
     buf: Vec<u8>,
+    len: usize,
     labels: Vec<Option<usize>>,
     branches: Vec<Branch>,
     rip: Vec<RipFixup>,
@@ -205,7 +267,8 @@ pub(crate) enum EncodeError {
 impl Assembler {
     pub(crate) fn with_capacity(bytes: usize) -> Self {
         Assembler {
-            buf: Vec::with_capacity(bytes),
+            buf: vec![0; bytes.max(64)],
+            len: 0,
             labels: Vec::new(),
             branches: Vec::new(),
             rip: Vec::new(),
@@ -214,7 +277,35 @@ impl Assembler {
 
     /// Current offset.
     pub(crate) fn len(&self) -> usize {
-        self.buf.len()
+        self.len
+    }
+
+    /// Room for `n` more bytes.
+    #[inline(always)]
+    fn reserve(&mut self, n: usize) {
+        if self.buf.len() < self.len + n {
+            let size = (2 * self.buf.len()).max(self.len + n);
+            self.buf.resize(size, 0);
+        }
+    }
+
+    /// The next 16 bytes, for one instruction.
+    #[inline(always)]
+    fn inst(&mut self) -> Inst<'_> {
+        self.reserve(16);
+        let window = &mut self.buf[self.len..self.len + 16];
+        Inst {
+            b: window.try_into().expect("16 bytes"),
+            n: 0,
+        }
+    }
+
+    /// Appends `bytes`.
+    #[inline(always)]
+    fn put(&mut self, bytes: &[u8]) {
+        self.reserve(bytes.len());
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
     }
 
     pub(crate) fn new_label(&mut self) -> Label {
@@ -227,7 +318,7 @@ impl Assembler {
     /// for the properly nested loops the emitter produces: everything between such a
     /// branch and its label is final, and only forward branches are still rel32.
     pub(crate) fn bind(&mut self, label: Label) {
-        let mut here = self.buf.len();
+        let mut here = self.len;
         // Latest first: shrinking an inner branch can only let an outer one reach.
         let mut i = self.branches.len();
         while i > 0 {
@@ -244,7 +335,8 @@ impl Assembler {
             // rel32 jcc is 0F 8x + 4 bytes; rel8 is 7x + 1 byte.
             let cc = self.buf[at + 1] & 0x0F;
             self.buf[at] = 0x70 | cc;
-            self.buf.drain(at + 1..at + 5);
+            self.buf.copy_within(at + 5..self.len, at + 1);
+            self.len -= 4;
             self.branches[i].short = true;
             for b in &mut self.branches {
                 if b.at > at {
@@ -270,27 +362,27 @@ impl Assembler {
     /// `jcc label`: rel8 when the (bound) target reaches, else rel32 (shrunk at `bind`
     /// when a forward target turns out near).
     pub(crate) fn jcc(&mut self, cond: Cond, label: Label) {
-        let at = self.buf.len();
+        let at = self.len;
         let short = match self.labels[label.0 as usize] {
             Some(target) => i8::try_from(target as i64 - (at as i64 + 2)).is_ok(),
             None => false,
         };
         if short {
-            self.buf.extend_from_slice(&[0x70 | cond as u8, 0]);
+            self.put(&[0x70 | cond as u8, 0]);
         } else {
-            self.buf
-                .extend_from_slice(&[0x0F, 0x80 | cond as u8, 0, 0, 0, 0]);
+            self.put(&[0x0F, 0x80 | cond as u8, 0, 0, 0, 0]);
         }
         self.branches.push(Branch { at, label, short });
     }
 
     /// Appends raw bytes (data after the code).
     pub(crate) fn bytes(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
+        self.put(data);
     }
 
     /// Resolves the branches and RIP-relative references.
     pub(crate) fn finish(mut self) -> Result<Vec<u8>, EncodeError> {
+        self.buf.truncate(self.len);
         for b in &self.branches {
             let target = self.labels[b.label.0 as usize].ok_or(EncodeError::UnboundLabel)?;
             if b.short {
@@ -312,50 +404,17 @@ impl Assembler {
         Ok(self.buf)
     }
 
-    /// ModRM (+ SIB + displacement) for `reg` and `rm`; `n` is the disp8 scale.
-    #[inline]
-    fn modrm(&mut self, reg: u8, rm: Rm, n: i32) {
-        let reg = (reg & 7) << 3;
-        match rm {
-            Rm::Reg(r) => self.buf.push(0xC0 | reg | (r & 7)),
-            Rm::Mem(m) => {
-                let base = m.base & 7;
-                // rbp/r13 with mod 00 would mean RIP-relative / no base.
-                let disp = if m.disp == 0 && !m.keep_disp && base != RBP {
-                    Disp::None
-                } else if m.disp % n == 0 && i8::try_from(m.disp / n).is_ok() {
-                    Disp::D8((m.disp / n) as i8)
-                } else {
-                    Disp::D32
-                };
-                let md = match disp {
-                    Disp::None => 0x00,
-                    Disp::D8(_) => 0x40,
-                    Disp::D32 => 0x80,
-                };
-                self.buf.push(md | reg | base);
-                if base == RSP {
-                    // SIB: no index, the base again.
-                    self.buf.push(0x24);
-                }
-                match disp {
-                    Disp::None => {}
-                    Disp::D8(d) => self.buf.push(d as u8),
-                    Disp::D32 => self.buf.extend_from_slice(&m.disp.to_le_bytes()),
-                }
-            }
-        }
-    }
-
     /// A VEX or EVEX instruction: `reg` in ModRM.reg, `vvvv` the extra source (0 when the
-    /// form has none, which encodes as 1111), `rm` in ModRM.rm.
-    #[inline]
+    /// form has none, which encodes as 1111), `rm` in ModRM.rm. Inlined into each call
+    /// site, where the operand kinds are constants and most branches fold away.
+    #[inline(always)]
     pub(crate) fn vec(&mut self, f: VForm, reg: u8, vvvv: u8, rm: Rm, e: Evex) {
         let (rm_b, rm_x) = match rm {
             Rm::Reg(r) => ((r >> 3) & 1, (r >> 4) & 1),
             Rm::Mem(m) => ((m.base >> 3) & 1, 0),
         };
         let r = (reg >> 3) & 1;
+        let mut i = self.inst();
         if f.evex {
             let r2 = (reg >> 4) & 1;
             let v2 = (vvvv >> 4) & 1;
@@ -367,30 +426,32 @@ impl Assembler {
                 | ((e.broadcast as u8) << 4)
                 | ((v2 ^ 1) << 3)
                 | (e.mask & 7);
-            self.buf.extend_from_slice(&[0x62, p0, p1, p2, f.opcode]);
-            let n = if e.broadcast {
+            i.extend(&[0x62, p0, p1, p2, f.opcode]);
+            // disp8*N: N is the element size under broadcast, else the form's.
+            let shift = if e.broadcast {
                 if f.w {
-                    8
+                    3
                 } else {
-                    4
+                    2
                 }
             } else {
-                f.n as i32
+                f.n.trailing_zeros()
             };
-            self.modrm(reg, rm, n);
+            i.modrm(reg, rm, shift);
         } else {
             let tail = ((!vvvv & 15) << 3) | (f.l << 2) | f.pp;
             if f.map == 1 && !f.w && rm_b == 0 {
-                self.buf
-                    .extend_from_slice(&[0xC5, ((r ^ 1) << 7) | tail, f.opcode]);
+                i.extend(&[0xC5, ((r ^ 1) << 7) | tail, f.opcode]);
             } else {
                 // X is always clear: no index registers.
                 let b1 = ((r ^ 1) << 7) | 0x40 | ((rm_b ^ 1) << 5) | f.map;
                 let b2 = ((f.w as u8) << 7) | tail;
-                self.buf.extend_from_slice(&[0xC4, b1, b2, f.opcode]);
+                i.extend(&[0xC4, b1, b2, f.opcode]);
             }
-            self.modrm(reg, rm, 1);
+            i.modrm(reg, rm, 0);
         }
+        let n = i.n;
+        self.len += n;
     }
 
     /// A VEX instruction with a RIP-relative memory operand at `label`.
@@ -400,16 +461,14 @@ impl Assembler {
         // vvvv unused: 1111.
         let tail = 0x78 | (f.l << 2) | f.pp;
         if f.map == 1 && !f.w {
-            self.buf
-                .extend_from_slice(&[0xC5, ((r ^ 1) << 7) | tail, f.opcode]);
+            self.put(&[0xC5, ((r ^ 1) << 7) | tail, f.opcode]);
         } else {
             let b1 = ((r ^ 1) << 7) | 0x60 | f.map;
-            self.buf
-                .extend_from_slice(&[0xC4, b1, ((f.w as u8) << 7) | tail, f.opcode]);
+            self.put(&[0xC4, b1, ((f.w as u8) << 7) | tail, f.opcode]);
         }
-        self.buf.push(((reg & 7) << 3) | 0x05);
-        let at = self.buf.len();
-        self.buf.extend_from_slice(&[0; 4]);
+        self.put(&[((reg & 7) << 3) | 0x05]);
+        let at = self.len;
+        self.put(&[0; 4]);
         self.rip.push(RipFixup {
             at,
             end: at + 4,
@@ -418,82 +477,83 @@ impl Assembler {
     }
 
     /// A legacy instruction: optional REX (W, and the high bits of reg and rm), opcode
-    /// bytes, ModRM.
-    #[inline]
-    fn legacy(&mut self, w: bool, opcode: &[u8], reg: u8, rm: Rm) {
+    /// bytes, ModRM, immediate.
+    #[inline(always)]
+    fn legacy(&mut self, w: bool, opcode: &[u8], reg: u8, rm: Rm, imm: &[u8]) {
         let b = match rm {
             Rm::Reg(r) => (r >> 3) & 1,
             Rm::Mem(m) => (m.base >> 3) & 1,
         };
         let rex = ((w as u8) << 3) | (((reg >> 3) & 1) << 2) | b;
+        let mut i = self.inst();
         if rex != 0 {
-            self.buf.push(0x40 | rex);
+            i.push(0x40 | rex);
         }
-        self.buf.extend_from_slice(opcode);
-        self.modrm(reg, rm, 1);
+        i.extend(opcode);
+        i.modrm(reg, rm, 0);
+        i.extend(imm);
+        let n = i.n;
+        self.len += n;
     }
 
     /// `push r64`.
     pub(crate) fn push(&mut self, r: u8) {
         if r >= 8 {
-            self.buf.push(0x41);
+            self.put(&[0x41]);
         }
-        self.buf.push(0x50 | (r & 7));
+        self.put(&[0x50 | (r & 7)]);
     }
 
     /// `pop r64`.
     pub(crate) fn pop(&mut self, r: u8) {
         if r >= 8 {
-            self.buf.push(0x41);
+            self.put(&[0x41]);
         }
-        self.buf.push(0x58 | (r & 7));
+        self.put(&[0x58 | (r & 7)]);
     }
 
     /// `mov r64, r/m64` (8B, also for register to register, as iced's Mov_r64_rm64).
     pub(crate) fn mov_r64_rm64(&mut self, dst: u8, src: Rm) {
-        self.legacy(true, &[0x8B], dst, src);
+        self.legacy(true, &[0x8B], dst, src, &[]);
     }
 
     /// `mov r/m64, r64`.
     pub(crate) fn mov_rm64_r64(&mut self, dst: Rm, src: u8) {
-        self.legacy(true, &[0x89], src, dst);
+        self.legacy(true, &[0x89], src, dst, &[]);
     }
 
     /// `mov r32, r/m32`.
     pub(crate) fn mov_r32_rm32(&mut self, dst: u8, src: Rm) {
-        self.legacy(false, &[0x8B], dst, src);
+        self.legacy(false, &[0x8B], dst, src, &[]);
     }
 
     /// `mov r/m32, r32`.
     pub(crate) fn mov_rm32_r32(&mut self, dst: Rm, src: u8) {
-        self.legacy(false, &[0x89], src, dst);
+        self.legacy(false, &[0x89], src, dst, &[]);
     }
 
     /// `mov r32, imm32` (B8+r; writing r32 zero-extends).
     pub(crate) fn mov_r32_imm32(&mut self, dst: u8, imm: u32) {
         if dst >= 8 {
-            self.buf.push(0x41);
+            self.put(&[0x41]);
         }
-        self.buf.push(0xB8 | (dst & 7));
-        self.buf.extend_from_slice(&imm.to_le_bytes());
+        self.put(&[0xB8 | (dst & 7)]);
+        self.put(&imm.to_le_bytes());
     }
 
     /// `mov dword [mem], imm32`.
     pub(crate) fn mov_m32_imm32(&mut self, dst: Mem, imm: u32) {
-        self.legacy(false, &[0xC7], 0, Rm::Mem(dst));
-        self.buf.extend_from_slice(&imm.to_le_bytes());
+        self.legacy(false, &[0xC7], 0, Rm::Mem(dst), &imm.to_le_bytes());
     }
 
     /// `add/or/adc/sbb/and/sub/xor/cmp r/m64, imm8` (83 /ext ib).
     fn alu64_imm8(&mut self, ext: u8, dst: u8, imm: i8) {
-        self.legacy(true, &[0x83], ext, Rm::Reg(dst));
-        self.buf.push(imm as u8);
+        self.legacy(true, &[0x83], ext, Rm::Reg(dst), &[imm as u8]);
     }
 
     /// The same with imm32 (81 /ext id), used even when the value fits in imm8.
     fn alu64_imm32(&mut self, ext: u8, dst: u8, imm: i32) {
-        self.legacy(true, &[0x81], ext, Rm::Reg(dst));
-        self.buf.extend_from_slice(&imm.to_le_bytes());
+        self.legacy(true, &[0x81], ext, Rm::Reg(dst), &imm.to_le_bytes());
     }
 
     pub(crate) fn add64_imm8(&mut self, dst: u8, imm: i8) {
@@ -514,19 +574,19 @@ impl Assembler {
 
     /// `test r/m64, r64`.
     pub(crate) fn test64(&mut self, a: u8, b: u8) {
-        self.legacy(true, &[0x85], b, Rm::Reg(a));
+        self.legacy(true, &[0x85], b, Rm::Reg(a), &[]);
     }
 
     /// `dec r/m64`.
     pub(crate) fn dec64(&mut self, r: u8) {
-        self.legacy(true, &[0xFF], 1, Rm::Reg(r));
+        self.legacy(true, &[0xFF], 1, Rm::Reg(r), &[]);
     }
 
     pub(crate) fn vzeroupper(&mut self) {
-        self.buf.extend_from_slice(&[0xC5, 0xF8, 0x77]);
+        self.put(&[0xC5, 0xF8, 0x77]);
     }
 
     pub(crate) fn ret(&mut self) {
-        self.buf.push(0xC3);
+        self.put(&[0xC3]);
     }
 }
