@@ -4,6 +4,7 @@ mod bench;
 mod emit;
 mod gpu;
 mod run;
+mod tune;
 
 use std::process::ExitCode;
 
@@ -29,6 +30,9 @@ enum Command {
     /// Benchmark against LIBXSMM, OpenBLAS, MKL JIT, nano-gemm, matrixmultiply and a naive
     /// loop, beside this machine's measured limits; JIT latency.
     Bench(bench::BenchArgs),
+    /// Search each shape's schedules, time them, and store the winners in the tuning
+    /// database the JIT reads (`--gpu`: the GPU tuner).
+    Tune(tune::TuneArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -148,6 +152,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(&args),
         Command::Emit(args) => emit::emit(&args),
         Command::Info => info(),
+        Command::Tune(args) => tune::tune(&args),
         Command::Bench(args) => bench::bench(&args),
     };
     match result {

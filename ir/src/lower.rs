@@ -100,6 +100,8 @@ struct Lowering<'a> {
     next_gpr: u8,
     /// Leading dimension (elements) of the packed op(A) panel.
     panel_ld: usize,
+    /// Vector registers the program uses (the schedule's, plus epilogue extras).
+    vregs_used: usize,
     /// Where the current matrix's A, B and C are: in the argument registers (strided), or
     /// behind them (pointer arrays: indirect cursors).
     bases: [Cursor; 3],
@@ -133,6 +135,7 @@ pub fn lower(
         next_gpr: Gpr::FIRST_FREE,
         panel_ld: schedule.m_vectors.min(problem.m.div_ceil(lanes)) * lanes,
         bases: [Gpr::A, Gpr::B, Gpr::C].map(Cursor::at),
+        vregs_used: schedule.registers(problem, target).total(),
     };
     l.program()
 }
@@ -224,7 +227,7 @@ impl Lowering<'_> {
             lanes: self.lanes,
             params,
             scratch_bytes: scratch_bytes as u32,
-            vregs: self.regs.total(),
+            vregs: self.vregs_used,
             gprs: self.next_gpr as usize,
             masks,
             ops,
@@ -728,12 +731,35 @@ impl Lowering<'_> {
         }
         let vec_bytes = (self.lanes as i64) * self.elt;
         let col_bytes = (self.p.ldc as i64) * self.elt;
+        let at = |v: usize, j: usize| addr(c.plus(v as i64 * vec_bytes + j as i64 * col_bytes));
+        // A load from C right after a store to the same 64 bytes waits for the store (a
+        // masked store blocks forwarding for its whole vector, and tails overlap the next
+        // column). When the registers allow, load all of the block's C before storing any.
+        let free = self.target.vector_registers() - self.regs.total();
+        let loads_first = old.is_some() && rb.vectors * cols <= free;
+        let first_free = self.regs.total();
+        let old_at = |v: usize, j: usize| match (loads_first, old) {
+            (true, _) => Some(VReg((first_free + j * rb.vectors + v) as u8)),
+            (false, t) => t,
+        };
+        if loads_first {
+            for j in 0..cols {
+                for v in 0..rb.vectors {
+                    out.push(Op::Load {
+                        dst: old_at(v, j).expect("C is read"),
+                        addr: at(v, j)?,
+                        mask: self.mask_for(rb, v),
+                    });
+                }
+            }
+            self.vregs_used = self.vregs_used.max(first_free + rb.vectors * cols);
+        }
         for j in 0..cols {
             for v in 0..rb.vectors {
                 let r = self.acc(v, j);
-                let at = addr(c.plus(v as i64 * vec_bytes + j as i64 * col_bytes))?;
+                let at = at(v, j)?;
                 let mask = self.mask_for(rb, v);
-                let result = match old {
+                let result = match old_at(v, j) {
                     None => {
                         if let Some(av) = alpha_v {
                             out.push(Op::Mul {
@@ -745,11 +771,13 @@ impl Lowering<'_> {
                         r
                     }
                     Some(t) => {
-                        out.push(Op::Load {
-                            dst: t,
-                            addr: at,
-                            mask,
-                        });
+                        if !loads_first {
+                            out.push(Op::Load {
+                                dst: t,
+                                addr: at,
+                                mask,
+                            });
+                        }
                         if let Some(bv) = beta_v {
                             out.push(Op::Mul {
                                 dst: t,

@@ -20,9 +20,13 @@ pub(crate) struct KernelCache {
 }
 
 impl KernelCache {
-    /// The cached kernel for `key`, compiling it on first use. Errors are cached too: a
-    /// spec that failed to compile fails again at the cost of a lookup.
-    pub(crate) fn get_or_compile(&self, key: Key) -> Result<Arc<Kernel>, Error> {
+    /// The cached kernel for `key`, compiled by `compile` on first use. Errors are cached
+    /// too: a spec that failed to compile fails again at the cost of a lookup.
+    pub(crate) fn get_or_compile(
+        &self,
+        key: Key,
+        compile: impl FnOnce() -> Result<Kernel, Error>,
+    ) -> Result<Arc<Kernel>, Error> {
         let slot = {
             // A panic elsewhere while holding the lock leaves the map consistent (insertions
             // are single calls), so a poisoned lock is still usable.
@@ -33,8 +37,7 @@ impl KernelCache {
         // this key block in `get_or_init` until the first one has compiled it.
         slot.get_or_init(|| {
             self.compilations.fetch_add(1, Ordering::Relaxed);
-            let (spec, target, schedule) = &key;
-            Kernel::compile(spec, *target, schedule.as_ref()).map(Arc::new)
+            compile().map(Arc::new)
         })
         .clone()
     }

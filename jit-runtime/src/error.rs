@@ -51,6 +51,8 @@ pub enum Error {
     },
     #[error("the groups hold {groups} products but {matrices} matrices were given")]
     GroupSizes { groups: usize, matrices: usize },
+    #[error("tuning database: {0}")]
+    TuningDb(String),
     #[error("cannot start the worker threads: {0}")]
     Threads(String),
     #[error("the pointer to {operand} is null")]

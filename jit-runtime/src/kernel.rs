@@ -53,7 +53,6 @@ pub fn generate_with_abi(
     };
     let code = match target.isa {
         Isa::Avx2 | Isa::Avx512 => smallgemm_codegen_x86::emit_with(&program, target.isa, conv)?,
-        // The NEON backend is wired in with its crate.
         Isa::Neon => smallgemm_codegen_arm::emit(&program)?,
     };
     Ok(Generated {
@@ -95,6 +94,11 @@ impl Kernel {
         let start = Instant::now();
         let generated = generate(spec, target, schedule)?;
         let exec = ExecutableCode::new(&generated.code.bytes)?;
+        crate::perfmap::register(
+            exec.entry(),
+            generated.code.bytes.len(),
+            &format!("{}_{}", target.isa, spec.name()),
+        );
         Ok(Kernel {
             spec: *spec,
             target,

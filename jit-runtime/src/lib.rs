@@ -33,6 +33,8 @@ pub mod cuda;
 mod error;
 mod exec;
 mod kernel;
+mod perfmap;
+pub mod tuning;
 
 use std::sync::{Arc, OnceLock};
 
@@ -53,6 +55,8 @@ pub struct Jit {
     cache: cache::KernelCache,
     threads: usize,
     pool: OnceLock<Result<rayon::ThreadPool, Error>>,
+    tuning: Arc<tuning::TuningDb>,
+    tuning_error: Option<Error>,
 }
 
 /// Threads a new JIT uses: `SMALLGEMM_NUM_THREADS` if set to a positive number, else every
@@ -84,7 +88,39 @@ impl Jit {
             cache: cache::KernelCache::default(),
             threads: default_threads(),
             pool: OnceLock::new(),
+            tuning: Arc::default(),
+            tuning_error: None,
         }
+        .with_default_tuning()
+    }
+
+    /// Loads the tuning database from its default place ([`tuning::default_path`]). A
+    /// missing file means no tuned schedules; an unreadable one is reported by
+    /// [`Jit::tuning_error`] and ignored, so a bad file never stops a computation.
+    fn with_default_tuning(mut self) -> Jit {
+        match tuning::default_path().map(|p| tuning::TuningDb::load(&p)) {
+            Some(Ok(db)) => self.tuning = Arc::new(db),
+            Some(Err(e)) => self.tuning_error = Some(e),
+            None => {}
+        }
+        self
+    }
+
+    /// This JIT with the schedules of `db` (an empty database turns tuning off).
+    pub fn with_tuning(mut self, db: tuning::TuningDb) -> Jit {
+        self.tuning = Arc::new(db);
+        self.tuning_error = None;
+        self
+    }
+
+    /// Why the default tuning database could not be read, if it could not.
+    pub fn tuning_error(&self) -> Option<&Error> {
+        self.tuning_error.as_ref()
+    }
+
+    /// Tuned schedules available for this JIT's ISA on this machine.
+    pub fn tuned_shapes(&self) -> usize {
+        self.tuning.entries(self.target.isa)
     }
 
     /// This JIT with batches split over `threads` threads (at least 1, at most the cores).
@@ -118,9 +154,17 @@ impl Jit {
         self.target
     }
 
-    /// The kernel for `spec` with the planner's schedule, compiled on first request.
+    /// The kernel for `spec`, compiled on first request with the tuned schedule for its shape
+    /// if the tuning database has one that fits, else with the planner's.
     pub fn kernel(&self, spec: &GemmSpec) -> Result<Arc<Kernel>, Error> {
-        self.cache.get_or_compile((*spec, self.target, None))
+        let target = self.target;
+        self.cache.get_or_compile((*spec, target, None), || {
+            let tuned = self.tuning.lookup(target.isa, spec);
+            match tuned.map(|s| Kernel::compile(spec, target, Some(&s))) {
+                Some(Ok(kernel)) => Ok(kernel),
+                _ => Kernel::compile(spec, target, None),
+            }
+        })
     }
 
     /// The kernel for `spec` with a given schedule (for tuning), cached separately.
@@ -130,7 +174,9 @@ impl Jit {
         schedule: &Schedule,
     ) -> Result<Arc<Kernel>, Error> {
         self.cache
-            .get_or_compile((*spec, self.target, Some(*schedule)))
+            .get_or_compile((*spec, self.target, Some(*schedule)), || {
+                Kernel::compile(spec, self.target, Some(schedule))
+            })
     }
 
     /// How many kernels this JIT has compiled (cache misses).

@@ -1,0 +1,383 @@
+//! `smallgemm tune`: search each shape's schedule space, time the candidates, keep the
+//! winners in the tuning database that the JIT reads.
+//!
+//! The space is generated as paper 001 does it: hard constraints from the target (the
+//! register file: `Schedule::validate`) and soft ones that prune what cannot win (blocks
+//! whose estimated cycles are far above the best estimate, or that leave the FMA units
+//! waiting on latency when a larger block fits), so that few candidates are timed well.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use smallgemm::tuning::{self, TuningDb};
+use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Operand, Scalar, Schedule};
+use smallgemm_bench::measure::{time_parallel, Timing};
+use smallgemm_bench::stats::Summary;
+use smallgemm_ir::reference::TestData;
+use smallgemm_ir::{choose_unrolling, estimated_cycles, estimated_ops, Target, UNROLL_BUDGET};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DtypeChoice {
+    F64,
+    F32,
+    Both,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum IsaChoice {
+    Auto,
+    Avx2,
+    Avx512,
+}
+
+#[derive(Args, Debug)]
+pub struct TuneArgs {
+    #[arg(long, value_enum, default_value = "both")]
+    dtype: DtypeChoice,
+    /// Square sizes to tune: a range `a..b` (inclusive) or a list `2,4,8`.
+    #[arg(long, default_value = "2..32")]
+    sizes: String,
+    #[arg(long, value_enum, default_value = "auto")]
+    isa: IsaChoice,
+    /// Keep fewer distinct schedules: a shape may take any schedule within this fraction of
+    /// its fastest (paper 004, Table I), and the schedules that serve most shapes win.
+    #[arg(long, default_value_t = 0.0)]
+    tolerance: f64,
+    /// Candidates timed per shape (the best by the cost model).
+    #[arg(long, default_value_t = 12)]
+    candidates: usize,
+    /// Timed samples per candidate.
+    #[arg(long, default_value_t = 15)]
+    reps: usize,
+    /// The database to update (default: the JIT's, see `smallgemm::tuning`).
+    #[arg(long)]
+    db: Option<std::path::PathBuf>,
+}
+
+/// Bytes of A, B and C each timed batch spans: inside L2, as in the hot benchmark.
+const HOT_BYTES: usize = 512 * 1024;
+
+pub fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
+    if !(0.0..1.0).contains(&args.tolerance) {
+        return Err("--tolerance is a fraction in [0, 1)".into());
+    }
+    if args.candidates == 0 || args.reps == 0 {
+        return Err("--candidates and --reps must be at least 1".into());
+    }
+    let jit = match args.isa {
+        IsaChoice::Auto => Jit::new(),
+        IsaChoice::Avx2 => Jit::with_isa(Isa::Avx2),
+        IsaChoice::Avx512 => Jit::with_isa(Isa::Avx512),
+    }
+    .map_err(|e| e.to_string())?
+    .with_threads(1)
+    .with_tuning(TuningDb::default());
+    let sizes = parse_sizes(&args.sizes)?;
+    let dtypes = match args.dtype {
+        DtypeChoice::F64 => vec![Dtype::F64],
+        DtypeChoice::F32 => vec![Dtype::F32],
+        DtypeChoice::Both => vec![Dtype::F64, Dtype::F32],
+    };
+    let path = match &args.db {
+        Some(p) => p.clone(),
+        None => tuning::default_path().ok_or("no HOME: give --db")?,
+    };
+    let mut db = TuningDb::load(&path).map_err(|e| e.to_string())?;
+
+    let shapes: Vec<(Dtype, usize)> = dtypes
+        .iter()
+        .flat_map(|&d| sizes.iter().map(move |&n| (d, n)))
+        .collect();
+    let bar = ProgressBar::new(shapes.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} shapes, {elapsed} ({msg})")
+            .map_err(|e| e.to_string())?,
+    );
+    let mut results = Vec::new();
+    for &(dtype, n) in &shapes {
+        bar.set_message(format!("{} n = {n}", dtype.name()));
+        let spec = GemmSpec::builder(dtype, n, n, n)
+            .beta(Scalar::One)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let timed = match dtype {
+            Dtype::F64 => tune_shape::<f64>(&jit, &spec, args)?,
+            _ => tune_shape::<f32>(&jit, &spec, args)?,
+        };
+        results.push((spec, timed));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    let chosen = choose(&results, args.tolerance);
+    println!(
+        "{:<5} {:>4} {:>10} {:>10} {:>7}  schedule",
+        "dtype", "n", "planner", "tuned", "gain"
+    );
+    for ((spec, timed), schedule) in results.iter().zip(&chosen) {
+        let rate = |s: &Schedule| {
+            timed
+                .iter()
+                .find(|(c, _)| c == s)
+                .map_or(f64::NAN, |(_, r)| *r)
+        };
+        let planned = timed[0].1;
+        println!(
+            "{:<5} {:>4} {:>8.2} GF {:>7.2} GF {:>6.2}x  {}",
+            spec.dtype().name(),
+            spec.m(),
+            planned,
+            rate(schedule),
+            rate(schedule) / planned,
+            describe(schedule)
+        );
+        db.insert(jit.target().isa, spec, *schedule);
+    }
+    db.save(&path).map_err(|e| e.to_string())?;
+    let distinct = {
+        let mut v: Vec<String> = chosen.iter().map(describe).collect();
+        v.sort();
+        v.dedup();
+        v.len()
+    };
+    println!(
+        "{} shapes, {distinct} distinct schedules (tolerance {}); {} entries for {} in {}",
+        results.len(),
+        args.tolerance,
+        db.entries(jit.target().isa),
+        tuning::machine_key(jit.target().isa),
+        path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe(s: &Schedule) -> String {
+    format!(
+        "{}x{} block, k {}{}{}",
+        s.m_vectors,
+        s.n_cols,
+        if s.k_unroll == 0 {
+            "unrolled".to_string()
+        } else {
+            format!("loop by {}", s.k_unroll)
+        },
+        if s.unroll_m_blocks { "" } else { ", m loop" },
+        if s.unroll_n_blocks { "" } else { ", n loop" }
+    )
+}
+
+fn parse_sizes(text: &str) -> Result<Vec<usize>, String> {
+    let bad = || format!("--sizes takes a..b or a,b,c with sizes from 1, not {text:?}");
+    let sizes: Vec<usize> = if let Some((a, b)) = text.split_once("..") {
+        let (a, b): (usize, usize) = (
+            a.trim().parse().map_err(|_| bad())?,
+            b.trim().parse().map_err(|_| bad())?,
+        );
+        (a..=b).collect()
+    } else {
+        text.split(',')
+            .map(|s| s.trim().parse().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?
+    };
+    if sizes.is_empty() || sizes.contains(&0) {
+        return Err(bad());
+    }
+    Ok(sizes)
+}
+
+/// The candidate schedules of a shape, the planner's first: every block the register file
+/// takes, pruned to those the cost model puts near the best, then unrolled as the planner
+/// would, plus k-loop variants for longer k.
+fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
+    let problem = spec.col_major();
+    let planned = smallgemm_ir::plan(&problem, target);
+    let lanes = target.lanes(problem.dtype);
+    let mut space = Vec::new();
+    for m_vectors in 1..=problem.m.div_ceil(lanes) {
+        for n_cols in 1..=problem.n {
+            // The planner's schedule with this block, fully unrolled to start from.
+            let mut s = planned;
+            s.m_vectors = m_vectors;
+            s.n_cols = n_cols;
+            s.k_unroll = 0;
+            s.unroll_m_blocks = true;
+            s.unroll_n_blocks = true;
+            if s.validate(&problem, target).is_err() {
+                break;
+            }
+            choose_unrolling(&problem, target, &mut s);
+            space.push(s);
+            if problem.k >= 16 && estimated_ops(&problem, target, &s) > UNROLL_BUDGET / 4 {
+                for u in [4, 8] {
+                    space.push(Schedule { k_unroll: u, ..s });
+                }
+            }
+        }
+    }
+    let best = space
+        .iter()
+        .map(|s| estimated_cycles(&problem, target, s))
+        .fold(f64::INFINITY, f64::min);
+    // Soft constraint: within 50% of the best estimate.
+    space.retain(|s| estimated_cycles(&problem, target, s) <= 1.5 * best);
+    space.sort_by(|a, b| {
+        estimated_cycles(&problem, target, a).total_cmp(&estimated_cycles(&problem, target, b))
+    });
+    space.retain(|s| *s != planned);
+    space.truncate(limit.saturating_sub(1));
+    space.insert(0, planned);
+    space
+}
+
+/// Times every candidate of a shape: (schedule, median GFLOP/s), the planner's first.
+fn tune_shape<T: Element>(
+    jit: &Jit,
+    spec: &GemmSpec,
+    args: &TuneArgs,
+) -> Result<Vec<(Schedule, f64)>, String> {
+    let per_matrix: usize = [Operand::A, Operand::B, Operand::C]
+        .iter()
+        .map(|&o| spec.footprint(o) * spec.dtype().size())
+        .sum();
+    let batch = (HOT_BYTES / per_matrix).clamp(1, 1 << 16);
+    let mut data = TestData::<T>::new(spec, batch, 7);
+    let (a, b) = (data.a.clone(), data.b.clone());
+    let timing = Timing {
+        warmup: Duration::from_millis(5),
+        min_sample: Duration::from_micros(200),
+        reps: args.reps,
+        min_reps: args.reps.min(5),
+        budget: Duration::from_millis(250),
+    };
+    let mut out = Vec::new();
+    for schedule in candidates(spec, jit.target(), args.candidates) {
+        let kernel = jit
+            .kernel_with_schedule(spec, &schedule)
+            .map_err(|e| format!("{}: {e}", spec.name()))?;
+        // Every candidate must be right before it may be fast.
+        data.reset_c();
+        kernel
+            .run(
+                &a,
+                &b,
+                data.c_mut(),
+                batch,
+                T::from_f64(1.0),
+                T::from_f64(1.0),
+            )
+            .map_err(|e| e.to_string())?;
+        let report = data.check(1.0, 1.0);
+        if let Some(why) = report.failure {
+            return Err(format!("{} with {schedule:?} is wrong: {why}", spec.name()));
+        }
+        let c = std::sync::Mutex::new(data.c_mut());
+        let samples = time_parallel(1, &timing, |_| {
+            let mut c = c.lock().map_err(|_| "poisoned".to_string())?;
+            kernel
+                .run(&a, &b, &mut c, batch, T::from_f64(1.0), T::from_f64(1.0))
+                .map_err(|e| e.to_string())
+        })?;
+        let seconds = Summary::of(&samples).ok_or("no samples")?.median;
+        out.push((schedule, spec.flops() * batch as f64 / seconds / 1e9));
+    }
+    Ok(out)
+}
+
+/// The schedule of each shape: its fastest, or with a tolerance, among those within the
+/// tolerance of its fastest, the one that serves the most shapes (greedy cover).
+fn choose(results: &[(GemmSpec, Vec<(Schedule, f64)>)], tolerance: f64) -> Vec<Schedule> {
+    let acceptable: Vec<Vec<Schedule>> = results
+        .iter()
+        .map(|(_, timed)| {
+            let best = timed.iter().map(|(_, r)| *r).fold(0.0, f64::max);
+            let mut ok: Vec<(Schedule, f64)> = timed
+                .iter()
+                .filter(|(_, r)| *r >= best * (1.0 - tolerance))
+                .copied()
+                .collect();
+            ok.sort_by(|a, b| b.1.total_cmp(&a.1));
+            ok.into_iter().map(|(s, _)| s).collect()
+        })
+        .collect();
+    if tolerance == 0.0 {
+        return acceptable.iter().map(|a| a[0]).collect();
+    }
+    let mut chosen: Vec<Option<Schedule>> = vec![None; results.len()];
+    while chosen.iter().any(Option::is_none) {
+        // The schedule acceptable to the most shapes still open (ties: the first found).
+        let mut counts: Vec<(Schedule, usize)> = Vec::new();
+        for (i, ok) in acceptable.iter().enumerate() {
+            if chosen[i].is_some() {
+                continue;
+            }
+            for s in ok {
+                match counts.iter_mut().find(|(c, _)| c == s) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((*s, 1)),
+                }
+            }
+        }
+        let Some(&(winner, _)) = counts.iter().max_by_key(|(_, n)| *n) else {
+            break;
+        };
+        for (i, ok) in acceptable.iter().enumerate() {
+            if chosen[i].is_none() && ok.contains(&winner) {
+                chosen[i] = Some(winner);
+            }
+        }
+    }
+    chosen
+        .into_iter()
+        .zip(&acceptable)
+        .map(|(c, ok)| c.unwrap_or(ok[0]))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_reject_nonsense() {
+        assert_eq!(parse_sizes("2..5").unwrap(), vec![2, 3, 4, 5]);
+        assert_eq!(parse_sizes("4, 8,16").unwrap(), vec![4, 8, 16]);
+        assert!(parse_sizes("0..3").is_err());
+        assert!(parse_sizes("x").is_err());
+        assert!(parse_sizes("5..2").is_err());
+    }
+
+    #[test]
+    fn candidates_are_valid_and_start_with_the_plan() {
+        for n in [2, 7, 16, 31] {
+            let spec = GemmSpec::builder(Dtype::F64, n, n, n).build().unwrap();
+            let list = candidates(&spec, Target::AVX512, 12);
+            assert!(!list.is_empty() && list.len() <= 12);
+            assert_eq!(
+                list[0],
+                smallgemm_ir::plan(&spec.col_major(), Target::AVX512)
+            );
+            for s in &list {
+                s.validate(&spec.col_major(), Target::AVX512).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn tolerance_reduces_distinct_schedules() {
+        let spec = GemmSpec::builder(Dtype::F64, 4, 4, 4).build().unwrap();
+        let s = |m, n| Schedule {
+            m_vectors: m,
+            n_cols: n,
+            ..smallgemm_ir::plan(&spec.col_major(), Target::AVX512)
+        };
+        let results = vec![
+            (spec, vec![(s(1, 1), 10.0), (s(1, 2), 9.8)]),
+            (spec, vec![(s(1, 3), 10.0), (s(1, 2), 9.9)]),
+            (spec, vec![(s(1, 2), 10.0), (s(1, 4), 9.0)]),
+        ];
+        assert_eq!(choose(&results, 0.0), vec![s(1, 1), s(1, 3), s(1, 2)]);
+        assert_eq!(choose(&results, 0.05), vec![s(1, 2), s(1, 2), s(1, 2)]);
+    }
+}

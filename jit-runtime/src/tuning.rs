@@ -1,0 +1,179 @@
+//! The tuning database: schedules that `smallgemm tune` measured to be fastest, per machine
+//! (CPU model and ISA) and shape. The JIT uses them when present and the planner otherwise.
+//!
+//! It is a JSON file at `$SMALLGEMM_TUNING_DB` if set, else
+//! `$XDG_CONFIG_HOME/smallgemm/tuning.json`, else `~/.config/smallgemm/tuning.json`:
+//!
+//! ```json
+//! { "version": 1,
+//!   "cpu": { "Intel(R) Xeon(R) Processor | avx512": { "f64 16x16x16 nn": { "m_vectors": 2, ... } } },
+//!   "gpu": { ... } }
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use smallgemm_ir::{GemmSpec, Isa, Schedule, Trans};
+
+use crate::Error;
+
+/// The file format's version; a file of another version is not read.
+pub const VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TuningDb {
+    pub version: u32,
+    /// Machine key ([`machine_key`]) → shape key ([`shape_key`]) → schedule.
+    #[serde(default)]
+    pub cpu: BTreeMap<String, BTreeMap<String, Schedule>>,
+    /// GPU entries (`smallgemm tune --gpu`), kept as they are.
+    #[serde(default)]
+    pub gpu: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Where the database lives (see the module documentation).
+pub fn default_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("SMALLGEMM_TUNING_DB") {
+        return Some(PathBuf::from(p));
+    }
+    let config = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(config.join("smallgemm").join("tuning.json"))
+}
+
+/// This CPU's model name (from /proc/cpuinfo on Linux), or "unknown".
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// The key of one machine: CPU model and ISA, since a schedule is tuned for both.
+pub fn machine_key(isa: Isa) -> String {
+    format!("{} | {isa}", cpu_model())
+}
+
+/// The key of one shape: what the blocking depends on (dtype, sizes and transposes of the
+/// column-major problem); leading dimensions and scalar kinds share an entry.
+pub fn shape_key(spec: &GemmSpec) -> String {
+    let p = spec.col_major();
+    let t = |t: Trans| if t == Trans::N { 'n' } else { 't' };
+    format!(
+        "{} {}x{}x{} {}{}",
+        p.dtype.name(),
+        p.m,
+        p.n,
+        p.k,
+        t(p.trans_a),
+        t(p.trans_b)
+    )
+}
+
+impl TuningDb {
+    /// Reads a database; a missing file is an empty database.
+    pub fn load(path: &Path) -> Result<TuningDb, Error> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(TuningDb {
+                    version: VERSION,
+                    ..TuningDb::default()
+                })
+            }
+            Err(e) => return Err(Error::TuningDb(format!("{}: {e}", path.display()))),
+        };
+        let db: TuningDb = serde_json::from_str(&text)
+            .map_err(|e| Error::TuningDb(format!("{}: {e}", path.display())))?;
+        if db.version != VERSION {
+            return Err(Error::TuningDb(format!(
+                "{}: version {} (this build reads {VERSION})",
+                path.display(),
+                db.version
+            )));
+        }
+        Ok(db)
+    }
+
+    /// Writes the database, creating its directory.
+    pub fn save(&self, path: &Path) -> Result<(), Error> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::TuningDb(format!("{}: {e}", dir.display())))?;
+        }
+        let text =
+            serde_json::to_string_pretty(self).map_err(|e| Error::TuningDb(e.to_string()))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| Error::TuningDb(format!("{}: {e}", path.display())))
+    }
+
+    /// The tuned schedule for `spec` on this machine with `isa`, if any.
+    pub fn lookup(&self, isa: Isa, spec: &GemmSpec) -> Option<Schedule> {
+        self.cpu
+            .get(&machine_key(isa))?
+            .get(&shape_key(spec))
+            .copied()
+    }
+
+    /// Records the tuned schedule for `spec` on this machine with `isa`.
+    pub fn insert(&mut self, isa: Isa, spec: &GemmSpec, schedule: Schedule) {
+        self.version = VERSION;
+        self.cpu
+            .entry(machine_key(isa))
+            .or_default()
+            .insert(shape_key(spec), schedule);
+    }
+
+    /// Schedules stored for this machine with `isa`.
+    pub fn entries(&self, isa: Isa) -> usize {
+        self.cpu.get(&machine_key(isa)).map_or(0, |m| m.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smallgemm_ir::{Dtype, Layout};
+
+    #[test]
+    fn round_trips_and_keys_by_shape() {
+        let dir = std::env::temp_dir().join(format!("smallgemm-tuning-{}", std::process::id()));
+        let path = dir.join("db.json");
+        let mut db = TuningDb::load(&path).unwrap();
+        assert_eq!(db.entries(Isa::Avx512), 0);
+        let spec = GemmSpec::builder(Dtype::F64, 5, 6, 7).build().unwrap();
+        let s = Schedule {
+            m_vectors: 1,
+            n_cols: 3,
+            ..smallgemm_ir::plan(&spec.col_major(), smallgemm_ir::Target::AVX512)
+        };
+        db.insert(Isa::Avx512, &spec, s);
+        db.save(&path).unwrap();
+        let back = TuningDb::load(&path).unwrap();
+        assert_eq!(back, db);
+        // Leading dimensions and scalars share the entry; row-major maps to its
+        // column-major shape; other ISAs have their own.
+        let padded = GemmSpec::builder(Dtype::F64, 5, 6, 7)
+            .lda(9)
+            .build()
+            .unwrap();
+        assert_eq!(back.lookup(Isa::Avx512, &padded), Some(s));
+        let row = GemmSpec::builder(Dtype::F64, 6, 5, 7)
+            .layout(Layout::RowMajor)
+            .build()
+            .unwrap();
+        assert_eq!(shape_key(&row), "f64 5x6x7 nn");
+        assert_eq!(back.lookup(Isa::Avx2, &spec), None);
+        // A corrupt file is an error value.
+        std::fs::write(&path, "{ not json").unwrap();
+        assert!(matches!(TuningDb::load(&path), Err(Error::TuningDb(_))));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
