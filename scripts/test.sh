@@ -34,4 +34,6 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # Snapshots must match what is committed (insta writes no files on CI).
 CI=true cargo test --workspace
+# The C ABI and emitted object files, from C with only cc.
+./scripts/c-tests.sh
 cargo run --release -q -p smallgemm-cli -- run --reps 5
