@@ -6,8 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/c-tests
 mkdir -p "$out"
-cargo build --release -q -p smallgemm-capi -p smallgemm-cli
-lib=target/release
+# The dev profile: `cargo test` has already built almost all of it (a release build would
+# compile the whole workspace a third time).
+cargo build -q -p smallgemm-capi -p smallgemm-cli
+lib=target/debug
 flags=(-O2 -Wall -Wextra -Werror -std=c11 -D_DEFAULT_SOURCE)
 
 cc "${flags[@]}" -I capi/include capi/tests/test_capi.c -L "$lib" -l:libsmallgemm.so \

@@ -36,4 +36,5 @@ cargo clippy --workspace --all-targets -- -D warnings
 CI=true cargo test --workspace
 # The C ABI and emitted object files, from C with only cc.
 ./scripts/c-tests.sh
-cargo run --release -q -p smallgemm-cli -- run --reps 5
+# The main job (the README's first command), as a smoke run on the dev-profile build.
+cargo run -q -p smallgemm-cli -- run --reps 5
