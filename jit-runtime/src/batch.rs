@@ -212,21 +212,7 @@ impl Jit {
     ) -> Result<(), Error> {
         let kernel = self.kernel(spec)?;
         kernel.check_call(BatchForm::Strided, alpha, beta)?;
-        for (operand, len) in [
-            (Operand::A, a.len()),
-            (Operand::B, b.len()),
-            (Operand::C, c.len()),
-        ] {
-            let required = spec.required_len(operand, batch);
-            if len < required {
-                return Err(Error::SliceTooShort {
-                    operand,
-                    len,
-                    required,
-                    batch,
-                });
-            }
-        }
+        kernel.check_lengths([a.len(), b.len(), c.len()], batch)?;
         if batch == 0 {
             return Ok(());
         }

@@ -62,6 +62,19 @@ pub fn generate_with_abi(
     })
 }
 
+/// The first of the A, B, C addresses that is null, as an error.
+fn check_non_null(addresses: [usize; 3]) -> Result<(), Error> {
+    for (operand, p) in [Operand::A, Operand::B, Operand::C]
+        .into_iter()
+        .zip(addresses)
+    {
+        if p == 0 {
+            return Err(Error::NullPointer { operand });
+        }
+    }
+    Ok(())
+}
+
 /// The listing of machine code for `isa`: offsets, bytes and assembly, then constants.
 pub fn listing(isa: Isa, code: &MachineCode) -> String {
     match isa {
@@ -147,21 +160,7 @@ impl Kernel {
         beta: T,
     ) -> Result<(), Error> {
         self.check_call(BatchForm::Strided, alpha, beta)?;
-        for (operand, len) in [
-            (Operand::A, a.len()),
-            (Operand::B, b.len()),
-            (Operand::C, c.len()),
-        ] {
-            let required = self.spec.required_len(operand, batch);
-            if len < required {
-                return Err(Error::SliceTooShort {
-                    operand,
-                    len,
-                    required,
-                    batch,
-                });
-            }
-        }
+        self.check_lengths([a.len(), b.len(), c.len()], batch)?;
         if batch == 0 {
             return Ok(());
         }
@@ -258,15 +257,7 @@ impl Kernel {
         if batch == 0 {
             return Ok(());
         }
-        for (operand, p) in [
-            (Operand::A, a as usize),
-            (Operand::B, b as usize),
-            (Operand::C, c as usize),
-        ] {
-            if p == 0 {
-                return Err(Error::NullPointer { operand });
-            }
-        }
+        check_non_null([a as usize, b as usize, c as usize])?;
         self.call(
             a.cast(),
             b.cast(),
@@ -302,19 +293,33 @@ impl Kernel {
         if batch == 0 {
             return Ok(());
         }
+        check_non_null([a as usize, b as usize, c as usize])?;
         for (operand, p) in [
             (Operand::A, a as usize),
             (Operand::B, b as usize),
             (Operand::C, c as usize),
         ] {
-            if p == 0 {
-                return Err(Error::NullPointer { operand });
-            }
             if p % std::mem::align_of::<T>() != 0 {
                 return Err(Error::Misaligned { operand });
             }
         }
         self.call(a.cast(), b.cast(), c.cast(), batch, alpha, beta)
+    }
+
+    /// Checks that slices of `lens` elements (A, B, C) hold a strided batch of `batch`.
+    pub(crate) fn check_lengths(&self, lens: [usize; 3], batch: usize) -> Result<(), Error> {
+        for (operand, len) in [Operand::A, Operand::B, Operand::C].into_iter().zip(lens) {
+            let required = self.spec.required_len(operand, batch);
+            if len < required {
+                return Err(Error::SliceTooShort {
+                    operand,
+                    len,
+                    required,
+                    batch,
+                });
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn check_call<T: Element>(
