@@ -39,6 +39,22 @@ pub struct GemmGroup<T> {
     pub size: usize,
 }
 
+impl<T: Element> GemmGroup<T> {
+    /// The pointer-array spec of this group's products, or `None` when BLAS returns at once.
+    fn spec(&self, layout: Layout) -> Result<Option<GemmSpec>, Error> {
+        blas_spec(
+            T::DTYPE,
+            layout,
+            (self.trans_a, self.trans_b),
+            (self.m, self.n, self.k),
+            (self.lda, self.ldb, self.ldc),
+            self.alpha.to_f64(),
+            self.beta.to_f64(),
+            None,
+        )
+    }
+}
+
 /// Shape and leading dimensions of one product of a variable-size batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MatrixShape {
@@ -304,17 +320,7 @@ impl Jit {
         for g in groups {
             let range = start..start + g.size;
             start += g.size;
-            let Some(spec) = blas_spec(
-                T::DTYPE,
-                layout,
-                (g.trans_a, g.trans_b),
-                (g.m, g.n, g.k),
-                (g.lda, g.ldb, g.ldc),
-                g.alpha.to_f64(),
-                g.beta.to_f64(),
-                None,
-            )?
-            else {
+            let Some(spec) = g.spec(layout)? else {
                 continue;
             };
             arrays.check(&spec, range.clone())?;
@@ -418,24 +424,15 @@ impl Jit {
         for g in groups {
             let first = start;
             start += g.size;
-            let Some(spec) = blas_spec(
-                T::DTYPE,
-                layout,
-                (g.trans_a, g.trans_b),
-                (g.m, g.n, g.k),
-                (g.lda, g.ldb, g.ldc),
-                g.alpha.to_f64(),
-                g.beta.to_f64(),
-                None,
-            )?
-            else {
+            let Some(spec) = g.spec(layout)? else {
                 continue;
             };
             if g.size > 0 {
                 let args = [
-                    a.add(first).cast(),
-                    b.add(first).cast(),
-                    c.add(first).cast::<u8>(),
+                    // Groups that never read A or B may come with null arrays: no `add`.
+                    a.wrapping_add(first).cast(),
+                    b.wrapping_add(first).cast(),
+                    c.wrapping_add(first).cast::<u8>(),
                 ];
                 tasks.push(Task::new(
                     self.kernel(&spec)?,
