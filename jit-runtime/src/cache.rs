@@ -1,10 +1,15 @@
 //! The kernel cache: one compiled kernel per (spec, target, schedule), shared by all
 //! threads. Concurrent first requests for one key compile it once; the others wait for it.
+//!
+//! A hit is the common case and must cost tens of nanoseconds, so compiled kernels also sit
+//! in a read-mostly map (a shared read lock, a fast non-cryptographic hash: the keys are
+//! our own specs, not attacker-chosen) in front of the map that coordinates compilations.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
+use rustc_hash::FxHashMap;
 use smallgemm_ir::{GemmSpec, Schedule, Target};
 
 use crate::kernel::Kernel;
@@ -15,6 +20,9 @@ type Slot = Arc<OnceLock<Result<Arc<Kernel>, Error>>>;
 
 #[derive(Default)]
 pub(crate) struct KernelCache {
+    /// Kernels compiled successfully: the hit path reads only this.
+    ready: RwLock<FxHashMap<Key, Arc<Kernel>>>,
+    /// One slot per key ever asked for, holding its kernel or its error once compiled.
     slots: Mutex<HashMap<Key, Slot>>,
     compilations: AtomicUsize,
 }
@@ -27,9 +35,17 @@ impl KernelCache {
         key: Key,
         compile: impl FnOnce() -> Result<Kernel, Error>,
     ) -> Result<Arc<Kernel>, Error> {
+        // A panic elsewhere while holding a lock leaves the maps consistent (insertions are
+        // single calls), so a poisoned lock is still usable.
+        if let Some(kernel) = self
+            .ready
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok(kernel.clone());
+        }
         let slot = {
-            // A panic elsewhere while holding the lock leaves the map consistent (insertions
-            // are single calls), so a poisoned lock is still usable.
             let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
             slots.entry(key).or_default().clone()
         };
@@ -37,7 +53,14 @@ impl KernelCache {
         // this key block in `get_or_init` until the first one has compiled it.
         slot.get_or_init(|| {
             self.compilations.fetch_add(1, Ordering::Relaxed);
-            compile().map(Arc::new)
+            let kernel = compile().map(Arc::new);
+            if let Ok(kernel) = &kernel {
+                self.ready
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, kernel.clone());
+            }
+            kernel
         })
         .clone()
     }

@@ -107,11 +107,9 @@ impl Kernel {
         let start = Instant::now();
         let generated = generate(spec, target, schedule)?;
         let exec = ExecutableCode::new(&generated.code.bytes)?;
-        crate::perfmap::register(
-            exec.entry(),
-            generated.code.bytes.len(),
-            &format!("{}_{}", target.isa, spec.name()),
-        );
+        crate::perfmap::register(exec.entry(), generated.code.bytes.len(), || {
+            format!("{}_{}", target.isa, spec.name())
+        });
         Ok(Kernel {
             spec: *spec,
             target,

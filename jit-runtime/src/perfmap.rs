@@ -5,9 +5,9 @@
 use std::io::Write;
 use std::sync::{Mutex, OnceLock};
 
-/// Appends one kernel to the map when profiling is on. Failures are ignored: a missing map
-/// must never break a computation.
-pub(crate) fn register(start: *const u8, len: usize, name: &str) {
+/// Appends one kernel to the map when profiling is on; `name` is only called then.
+/// Failures are ignored: a missing map must never break a computation.
+pub(crate) fn register(start: *const u8, len: usize, name: impl FnOnce() -> String) {
     static MAP: OnceLock<Option<Mutex<std::fs::File>>> = OnceLock::new();
     let map = MAP.get_or_init(|| {
         let on = std::env::var("SMALLGEMM_PERF_MAP").is_ok_and(|v| v == "1");
@@ -24,7 +24,7 @@ pub(crate) fn register(start: *const u8, len: usize, name: &str) {
     });
     if let Some(file) = map {
         if let Ok(mut file) = file.lock() {
-            let _ = writeln!(file, "{:x} {:x} smallgemm_{name}", start as usize, len);
+            let _ = writeln!(file, "{:x} {:x} smallgemm_{}", start as usize, len, name());
         }
     }
 }

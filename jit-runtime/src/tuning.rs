@@ -43,17 +43,22 @@ pub fn default_path() -> Option<PathBuf> {
     Some(config.join("smallgemm").join("tuning.json"))
 }
 
-/// This CPU's model name (from /proc/cpuinfo on Linux), or "unknown".
-pub fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".to_string())
+/// This CPU's model name (from /proc/cpuinfo on Linux), or "unknown". Read once per
+/// process: every compilation looks up the tuning database, and reading /proc/cpuinfo
+/// costs more than compiling a small kernel.
+pub fn cpu_model() -> &'static str {
+    static MODEL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MODEL.get_or_init(|| {
+        std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".to_string())
+    })
 }
 
 /// The key of one machine: CPU model and ISA, since a schedule is tuned for both.
@@ -116,6 +121,9 @@ impl TuningDb {
 
     /// The tuned schedule for `spec` on this machine with `isa`, if any.
     pub fn lookup(&self, isa: Isa, spec: &GemmSpec) -> Option<Schedule> {
+        if self.cpu.is_empty() {
+            return None;
+        }
         self.cpu
             .get(&machine_key(isa))?
             .get(&shape_key(spec))
