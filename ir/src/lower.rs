@@ -130,7 +130,7 @@ pub fn lower(
         lanes,
         tail_mask: (problem.m % lanes != 0).then_some(Mask(0)),
         b_masks: Vec::new(),
-        b_operand: BOperand::of(problem, target),
+        b_operand: BOperand::of(problem, target, schedule.m_vectors),
         gprs: HashMap::new(),
         next_gpr: Gpr::FIRST_FREE,
         panel_ld: schedule.m_vectors.min(problem.m.div_ceil(lanes)) * lanes,
@@ -599,7 +599,7 @@ impl Lowering<'_> {
         }
         for j in 0..cols {
             let b_addr = addr(b.plus(j as i64 * b_col))?;
-            if self.target.fma_broadcast_operand() {
+            if self.b_operand == BOperand::Memory {
                 for v in 0..rb.vectors {
                     out.push(Op::FmaBroadcast {
                         acc: self.acc(v, j),

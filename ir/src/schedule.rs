@@ -67,7 +67,9 @@ impl RegisterUse {
 /// How a step of k gets its elements of op(B) to the FMAs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BOperand {
-    /// The FMA broadcasts the element from memory (AVX-512 `{1toN}`): no register.
+    /// The FMA broadcasts the element from memory (AVX-512 `{1toN}`): no register. Only for
+    /// blocks one vector tall: each FMA reloads the element, so taller blocks broadcast once
+    /// per column into a register instead (the load ports, not the FMAs, would bound them).
     Memory,
     /// One broadcast per element into a register, reused by the block's column.
     Broadcast,
@@ -80,13 +82,14 @@ pub enum BOperand {
 }
 
 impl BOperand {
-    pub fn of(problem: &ColMajorProblem, target: Target) -> BOperand {
+    /// How blocks of `m_vectors` vectors get op(B) on `target`.
+    pub fn of(problem: &ColMajorProblem, target: Target, m_vectors: usize) -> BOperand {
         if target.fma_by_element() {
             match problem.trans_b {
                 Trans::N => BOperand::VectorsAlongK,
                 Trans::T => BOperand::VectorsAlongN,
             }
-        } else if target.fma_broadcast_operand() {
+        } else if target.fma_broadcast_operand() && m_vectors == 1 {
             BOperand::Memory
         } else {
             BOperand::Broadcast
@@ -129,7 +132,7 @@ impl Schedule {
         RegisterUse {
             accumulators: self.m_vectors * self.n_cols,
             a_vectors: self.m_vectors,
-            broadcast: BOperand::of(problem, target).registers(self.n_cols, lanes),
+            broadcast: BOperand::of(problem, target, self.m_vectors).registers(self.n_cols, lanes),
             epilogue: epilogue_temporaries(problem.alpha, problem.beta),
             masks: match target.masks() {
                 MaskSupport::VectorRegister => has_tail as usize,
