@@ -193,25 +193,34 @@ fn parse_sizes(text: &str) -> Result<Vec<usize>, String> {
 fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
     let problem = spec.col_major();
     let planned = smallgemm_ir::plan(&problem, target);
-    let lanes = target.lanes(problem.dtype);
     let mut space = Vec::new();
-    for m_vectors in 1..=problem.m.div_ceil(lanes) {
-        for n_cols in 1..=problem.n {
-            // The planner's schedule with this block, fully unrolled to start from.
-            let mut s = planned;
-            s.m_vectors = m_vectors;
-            s.n_cols = n_cols;
-            s.k_unroll = 0;
-            s.unroll_m_blocks = true;
-            s.unroll_n_blocks = true;
-            if s.validate(&problem, target).is_err() {
-                break;
-            }
-            choose_unrolling(&problem, target, &mut s);
-            space.push(s);
-            if problem.k >= 16 && estimated_ops(&problem, target, &s) > UNROLL_BUDGET / 4 {
-                for u in [4, 8] {
-                    space.push(Schedule { k_unroll: u, ..s });
+    for &width in target.vector_widths() {
+        let lanes = width / problem.dtype.size();
+        for m_vectors in 1..=problem.m.div_ceil(lanes) {
+            for n_cols in 1..=problem.n {
+                // The planner's schedule with this width and block, fully unrolled to start
+                // from.
+                let mut s = planned;
+                s.vector_bytes = if width == target.vector_bytes() {
+                    0
+                } else {
+                    width
+                };
+                s.m_vectors = m_vectors;
+                s.n_cols = n_cols;
+                s.k_unroll = 0;
+                s.unroll_m_blocks = true;
+                s.unroll_n_blocks = true;
+                if s.validate(&problem, target).is_err() {
+                    break;
+                }
+                choose_unrolling(&problem, target, &mut s);
+                s.batch_unroll = smallgemm_ir::batch_unroll(&problem, target, &s);
+                space.push(s);
+                if problem.k >= 16 && estimated_ops(&problem, target, &s) > UNROLL_BUDGET / 4 {
+                    for u in [4, 8] {
+                        space.push(Schedule { k_unroll: u, ..s });
+                    }
                 }
             }
         }

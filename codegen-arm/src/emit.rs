@@ -587,9 +587,33 @@ impl<'a> Emitter<'a> {
                 }
                 let top = self.label();
                 let done = self.label();
+                if let Trips::RegisterBy(step) = trips {
+                    // counter -= step before each trip; a borrow (lo) means fewer than step
+                    // were left, and adding it back leaves the remainder.
+                    if step >= 4096 {
+                        return Err(EmitError::Unsupported("a batch step above 4095"));
+                    }
+                    dynasm!(self.ops
+                        ; .arch aarch64
+                        ; subs X(c), XSP(c), step
+                        ; b.lo =>done
+                        ; =>top
+                    );
+                    self.ops(body)?;
+                    dynasm!(self.ops
+                        ; .arch aarch64
+                        ; subs X(c), XSP(c), step
+                        ; b.hs =>top
+                        ; =>done
+                        ; add XSP(c), XSP(c), step
+                    );
+                    return Ok(());
+                }
                 match trips {
                     Trips::Const(n) => self.mov_imm(c, n as u64)?,
-                    Trips::Register => dynasm!(self.ops ; .arch aarch64 ; cbz X(c), =>done),
+                    Trips::Register | Trips::RegisterBy(_) => {
+                        dynasm!(self.ops ; .arch aarch64 ; cbz X(c), =>done)
+                    }
                 }
                 dynasm!(self.ops ; .arch aarch64 ; =>top);
                 self.ops(body)?;

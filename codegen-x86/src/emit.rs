@@ -1,7 +1,7 @@
 //! Program → x86-64 instructions, one match arm per operation.
 
 use iced_x86::Register;
-use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Trips, VReg};
+use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Target, Trips, VReg};
 
 use smallgemm_ir::MachineCode;
 
@@ -25,7 +25,43 @@ struct Forms {
     mul: VForm,
 }
 
-fn forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
+/// The forms for `bytes`-byte vectors: the full-width forms narrowed (xmm/ymm, VEX on AVX2,
+/// EVEX under AVX-512VL), with the broadcasts that exist at each width.
+fn forms(isa: Isa, dtype: Dtype, bytes: usize) -> Result<Forms, EmitError> {
+    let full = full_forms(isa, dtype)?;
+    if bytes == Target::new(isa).vector_bytes() {
+        return Ok(full);
+    }
+    if !Target::new(isa).vector_widths().contains(&bytes) {
+        return Err(EmitError::Unsupported("this vector width", isa));
+    }
+    let w = |f: VForm| f.with_width(bytes);
+    let broadcast = match (isa, dtype, bytes) {
+        (Isa::Avx2, Dtype::F64, _) => enc::VEX_VMOVDDUP_XMM_M64,
+        (Isa::Avx2, _, _) => enc::VEX_VBROADCASTSS_XMM_M32,
+        (_, Dtype::F64, 16) => enc::EVEX_VMOVDDUP_XMM_M64,
+        (_, Dtype::F64, _) => enc::EVEX_VBROADCASTSD_YMM_M64,
+        (_, _, 16) => enc::EVEX_VBROADCASTSS_XMM_M32,
+        _ => enc::EVEX_VBROADCASTSS_YMM_M32,
+    };
+    Ok(Forms {
+        load: w(full.load),
+        store: w(full.store),
+        masked_load: w(full.masked_load),
+        masked_store: w(full.masked_store),
+        broadcast,
+        load_scalar: full.load_scalar,
+        store_scalar: full.store_scalar,
+        fma: w(full.fma),
+        fnma: w(full.fnma),
+        add: w(full.add),
+        sub: w(full.sub),
+        mul: w(full.mul),
+    })
+}
+
+/// The forms for the ISA's widest vectors.
+fn full_forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
     use enc::*;
     Ok(match (isa, dtype) {
         (Isa::Avx2, Dtype::F64) => Forms {
@@ -122,7 +158,7 @@ impl<'a> Emitter<'a> {
             isa,
             conv,
             entry_offset: 0,
-            forms: forms(isa, program.dtype)?,
+            forms: forms(isa, program.dtype, program.lanes * program.dtype.size())?,
             mask_constants: Vec::new(),
         })
     }
@@ -241,7 +277,10 @@ impl<'a> Emitter<'a> {
     }
 
     /// Applies a tail mask to a load or store: an opmask on AVX-512, or the vmaskmov form
-    /// with the mask's vector register on AVX2.
+    /// with the mask's vector register on AVX2 — unless the enabled lanes are exactly 4, 8,
+    /// 16 or 32 bytes, which a plain move of that size loads (zeroing the lanes above, as
+    /// every VEX/EVEX load does) or stores: no mask, and a store that forwards to the loads
+    /// after it.
     fn masked(
         &mut self,
         store: bool,
@@ -249,6 +288,10 @@ impl<'a> Emitter<'a> {
         mem: Rm,
         mask: smallgemm_ir::Mask,
     ) -> Result<(), EmitError> {
+        if let Some(form) = self.exact_move(store, reg, mask) {
+            self.vec(form, reg, 0, mem);
+            return Ok(());
+        }
         match self.isa {
             Isa::Avx512 => {
                 let k = opmask(mask.0)?;
@@ -281,6 +324,33 @@ impl<'a> Emitter<'a> {
                 Ok(())
             }
         }
+    }
+
+    /// The plain move that loads or stores exactly the lanes `mask` enables, if one exists.
+    fn exact_move(&self, store: bool, reg: u8, mask: smallgemm_ir::Mask) -> Option<VForm> {
+        let lanes = self.program.masks.iter().find(|d| d.mask == mask)?.lanes as usize;
+        let dtype = self.program.dtype;
+        let bytes = lanes * dtype.size();
+        if bytes >= self.program.lanes * dtype.size() {
+            return None;
+        }
+        let evex = reg >= 16;
+        Some(match (bytes, store, evex) {
+            (4, false, false) => enc::VEX_VMOVSS_XMM_M32,
+            (4, true, false) => enc::VEX_VMOVSS_M32_XMM,
+            (4, false, true) => enc::EVEX_VMOVSS_XMM_M32,
+            (4, true, true) => enc::EVEX_VMOVSS_M32_XMM,
+            (8, false, false) => enc::VEX_VMOVSD_XMM_M64,
+            (8, true, false) => enc::VEX_VMOVSD_M64_XMM,
+            (8, false, true) => enc::EVEX_VMOVSD_XMM_M64,
+            (8, true, true) => enc::EVEX_VMOVSD_M64_XMM,
+            (16 | 32, _, _) => {
+                let f = full_forms(self.isa, dtype).ok()?;
+                let f = if store { f.store } else { f.load };
+                f.with_width(bytes)
+            }
+            _ => return None,
+        })
     }
 
     fn op(&mut self, op: &Op) -> Result<(), EmitError> {
@@ -393,7 +463,12 @@ impl<'a> Emitter<'a> {
                     // The constant goes after the code; `finish` binds its label.
                     let label = self.asm.new_label();
                     self.mask_constants.push((label, lanes));
-                    self.asm.vec_rip(enc::VEX_VMOVDQU_YMM_M256, r, label);
+                    let form = if self.program.lanes * dtype.size() == 16 {
+                        enc::VEX_VMOVDQU_XMM_M128
+                    } else {
+                        enc::VEX_VMOVDQU_YMM_M256
+                    };
+                    self.asm.vec_rip(form, r, label);
                 }
             },
             Op::StoreParam { param, addr } => {
@@ -462,10 +537,25 @@ impl<'a> Emitter<'a> {
                 let counter = self.gpr(counter)?;
                 let top = self.asm.new_label();
                 let done = self.asm.new_label();
+                if let Trips::RegisterBy(step) = trips {
+                    // counter -= step before each trip; a borrow means fewer than step were
+                    // left, and adding it back leaves the remainder.
+                    let step = i8::try_from(step)
+                        .map_err(|_| EmitError::Unsupported("a batch step above 127", self.isa))?;
+                    self.asm.sub64_imm8(counter, step);
+                    self.asm.jcc(Cond::B, done);
+                    self.asm.bind(top);
+                    self.ops(body)?;
+                    self.asm.sub64_imm8(counter, step);
+                    self.asm.jcc(Cond::Ae, top);
+                    self.asm.bind(done);
+                    self.asm.add64_imm8(counter, step);
+                    return Ok(());
+                }
                 match trips {
                     // Writing the 32-bit register zero-extends into the counter.
                     Trips::Const(n) => self.asm.mov_r32_imm32(counter, n),
-                    Trips::Register => {
+                    Trips::Register | Trips::RegisterBy(_) => {
                         self.asm.test64(counter, counter);
                         self.asm.jcc(Cond::Z, done);
                     }

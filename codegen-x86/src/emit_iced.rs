@@ -1,8 +1,8 @@
 //! The iced-x86 code path this crate used before `encode.rs`: Program → iced `Instruction`s →
 //! CodeAssembler. Test-only, as the oracle the direct encoder must match byte for byte.
 
-use iced_x86::code_asm::registers::ymm;
-use iced_x86::code_asm::{ymmword_ptr, CodeAssembler, CodeLabel};
+use iced_x86::code_asm::registers::{xmm as xmm_regs, ymm};
+use iced_x86::code_asm::{xmmword_ptr, ymmword_ptr, CodeAssembler, CodeLabel};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Trips, VReg};
 
@@ -27,7 +27,105 @@ struct Forms {
     mul: Code,
 }
 
-fn forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
+/// The forms for `bytes`-byte vectors.
+fn forms(isa: Isa, dtype: Dtype, bytes: usize) -> Result<Forms, EmitError> {
+    use Code::*;
+    let narrow = |load, store, masked_load, masked_store, broadcast, fma, fnma, add, sub, mul| {
+        let full = full_forms(isa, dtype)?;
+        Ok(Forms {
+            load,
+            store,
+            masked_load,
+            masked_store,
+            broadcast,
+            load_scalar: full.load_scalar,
+            store_scalar: full.store_scalar,
+            fma,
+            fnma,
+            add,
+            sub,
+            mul,
+        })
+    };
+    match (isa, dtype, bytes) {
+        (Isa::Avx2, Dtype::F64, 16) => narrow(
+            VEX_Vmovupd_xmm_xmmm128,
+            VEX_Vmovupd_xmmm128_xmm,
+            VEX_Vmaskmovpd_xmm_xmm_m128,
+            VEX_Vmaskmovpd_m128_xmm_xmm,
+            VEX_Vmovddup_xmm_xmmm64,
+            VEX_Vfmadd231pd_xmm_xmm_xmmm128,
+            VEX_Vfnmadd231pd_xmm_xmm_xmmm128,
+            VEX_Vaddpd_xmm_xmm_xmmm128,
+            VEX_Vsubpd_xmm_xmm_xmmm128,
+            VEX_Vmulpd_xmm_xmm_xmmm128,
+        ),
+        (Isa::Avx2, Dtype::F32, 16) => narrow(
+            VEX_Vmovups_xmm_xmmm128,
+            VEX_Vmovups_xmmm128_xmm,
+            VEX_Vmaskmovps_xmm_xmm_m128,
+            VEX_Vmaskmovps_m128_xmm_xmm,
+            VEX_Vbroadcastss_xmm_m32,
+            VEX_Vfmadd231ps_xmm_xmm_xmmm128,
+            VEX_Vfnmadd231ps_xmm_xmm_xmmm128,
+            VEX_Vaddps_xmm_xmm_xmmm128,
+            VEX_Vsubps_xmm_xmm_xmmm128,
+            VEX_Vmulps_xmm_xmm_xmmm128,
+        ),
+        (Isa::Avx512, Dtype::F64, 16) => narrow(
+            EVEX_Vmovupd_xmm_k1z_xmmm128,
+            EVEX_Vmovupd_xmmm128_k1z_xmm,
+            EVEX_Vmovupd_xmm_k1z_xmmm128,
+            EVEX_Vmovupd_xmmm128_k1z_xmm,
+            EVEX_Vmovddup_xmm_k1z_xmmm64,
+            EVEX_Vfmadd231pd_xmm_k1z_xmm_xmmm128b64,
+            EVEX_Vfnmadd231pd_xmm_k1z_xmm_xmmm128b64,
+            EVEX_Vaddpd_xmm_k1z_xmm_xmmm128b64,
+            EVEX_Vsubpd_xmm_k1z_xmm_xmmm128b64,
+            EVEX_Vmulpd_xmm_k1z_xmm_xmmm128b64,
+        ),
+        (Isa::Avx512, Dtype::F64, 32) => narrow(
+            EVEX_Vmovupd_ymm_k1z_ymmm256,
+            EVEX_Vmovupd_ymmm256_k1z_ymm,
+            EVEX_Vmovupd_ymm_k1z_ymmm256,
+            EVEX_Vmovupd_ymmm256_k1z_ymm,
+            EVEX_Vbroadcastsd_ymm_k1z_xmmm64,
+            EVEX_Vfmadd231pd_ymm_k1z_ymm_ymmm256b64,
+            EVEX_Vfnmadd231pd_ymm_k1z_ymm_ymmm256b64,
+            EVEX_Vaddpd_ymm_k1z_ymm_ymmm256b64,
+            EVEX_Vsubpd_ymm_k1z_ymm_ymmm256b64,
+            EVEX_Vmulpd_ymm_k1z_ymm_ymmm256b64,
+        ),
+        (Isa::Avx512, Dtype::F32, 16) => narrow(
+            EVEX_Vmovups_xmm_k1z_xmmm128,
+            EVEX_Vmovups_xmmm128_k1z_xmm,
+            EVEX_Vmovups_xmm_k1z_xmmm128,
+            EVEX_Vmovups_xmmm128_k1z_xmm,
+            EVEX_Vbroadcastss_xmm_k1z_xmmm32,
+            EVEX_Vfmadd231ps_xmm_k1z_xmm_xmmm128b32,
+            EVEX_Vfnmadd231ps_xmm_k1z_xmm_xmmm128b32,
+            EVEX_Vaddps_xmm_k1z_xmm_xmmm128b32,
+            EVEX_Vsubps_xmm_k1z_xmm_xmmm128b32,
+            EVEX_Vmulps_xmm_k1z_xmm_xmmm128b32,
+        ),
+        (Isa::Avx512, Dtype::F32, 32) => narrow(
+            EVEX_Vmovups_ymm_k1z_ymmm256,
+            EVEX_Vmovups_ymmm256_k1z_ymm,
+            EVEX_Vmovups_ymm_k1z_ymmm256,
+            EVEX_Vmovups_ymmm256_k1z_ymm,
+            EVEX_Vbroadcastss_ymm_k1z_xmmm32,
+            EVEX_Vfmadd231ps_ymm_k1z_ymm_ymmm256b32,
+            EVEX_Vfnmadd231ps_ymm_k1z_ymm_ymmm256b32,
+            EVEX_Vaddps_ymm_k1z_ymm_ymmm256b32,
+            EVEX_Vsubps_ymm_k1z_ymm_ymmm256b32,
+            EVEX_Vmulps_ymm_k1z_ymm_ymmm256b32,
+        ),
+        _ => full_forms(isa, dtype),
+    }
+}
+
+/// The forms for the ISA's widest vectors.
+fn full_forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
     use Code::*;
     Ok(match (isa, dtype) {
         (Isa::Avx2, Dtype::F64) => Forms {
@@ -124,7 +222,7 @@ impl<'a> Emitter<'a> {
             isa,
             conv,
             entry_offset: 0,
-            forms: forms(isa, program.dtype)?,
+            forms: forms(isa, program.dtype, program.lanes * program.dtype.size())?,
             mask_constants: Vec::new(),
         })
     }
@@ -265,7 +363,7 @@ impl<'a> Emitter<'a> {
         if r.0 as usize >= self.program.vregs {
             return Err(EmitError::TooManyVectorRegisters(r.0 as usize + 1));
         }
-        Ok(vector(self.isa, r))
+        Ok(vector(self.program.lanes * self.program.dtype.size(), r))
     }
 
     fn add(&mut self, i: Instruction) -> Result<(), EmitError> {
@@ -282,6 +380,64 @@ impl<'a> Emitter<'a> {
         mem: MemoryOperand,
         mask: smallgemm_ir::Mask,
     ) -> Result<(), EmitError> {
+        // Tails of exactly 4, 8, 16 or 32 bytes: a plain move of that size.
+        let lanes = self
+            .program
+            .masks
+            .iter()
+            .find(|d| d.mask == mask)
+            .map_or(0, |d| d.lanes as usize);
+        let elt = self.program.dtype.size();
+        let bytes = lanes * elt;
+        if bytes < self.program.lanes * elt {
+            let evex = self.isa == Isa::Avx512;
+            let n = vector_number(reg);
+            let small = n < 16;
+            let x = nth_register(Register::XMM0, n);
+            let y = nth_register(Register::YMM0, n);
+            let exact = match (bytes, store) {
+                (4, false) if small => Some((Code::VEX_Vmovss_xmm_m32, x)),
+                (4, true) if small => Some((Code::VEX_Vmovss_m32_xmm, x)),
+                (4, false) => Some((Code::EVEX_Vmovss_xmm_k1z_m32, x)),
+                (4, true) => Some((Code::EVEX_Vmovss_m32_k1_xmm, x)),
+                (8, false) if small => Some((Code::VEX_Vmovsd_xmm_m64, x)),
+                (8, true) if small => Some((Code::VEX_Vmovsd_m64_xmm, x)),
+                (8, false) => Some((Code::EVEX_Vmovsd_xmm_k1z_m64, x)),
+                (8, true) => Some((Code::EVEX_Vmovsd_m64_k1_xmm, x)),
+                (16, false) if evex => Some((Code::EVEX_Vmovupd_xmm_k1z_xmmm128, x)),
+                (16, true) if evex => Some((Code::EVEX_Vmovupd_xmmm128_k1z_xmm, x)),
+                (32, false) if evex => Some((Code::EVEX_Vmovupd_ymm_k1z_ymmm256, y)),
+                (32, true) if evex => Some((Code::EVEX_Vmovupd_ymmm256_k1z_ymm, y)),
+                (16, false) => Some((Code::VEX_Vmovupd_xmm_xmmm128, x)),
+                (16, true) => Some((Code::VEX_Vmovupd_xmmm128_xmm, x)),
+                _ => None,
+            };
+            if let Some((code, r)) = exact {
+                let code = match (self.program.dtype, code) {
+                    (Dtype::F32, Code::EVEX_Vmovupd_xmm_k1z_xmmm128) => {
+                        Code::EVEX_Vmovups_xmm_k1z_xmmm128
+                    }
+                    (Dtype::F32, Code::EVEX_Vmovupd_xmmm128_k1z_xmm) => {
+                        Code::EVEX_Vmovups_xmmm128_k1z_xmm
+                    }
+                    (Dtype::F32, Code::EVEX_Vmovupd_ymm_k1z_ymmm256) => {
+                        Code::EVEX_Vmovups_ymm_k1z_ymmm256
+                    }
+                    (Dtype::F32, Code::EVEX_Vmovupd_ymmm256_k1z_ymm) => {
+                        Code::EVEX_Vmovups_ymmm256_k1z_ymm
+                    }
+                    (Dtype::F32, Code::VEX_Vmovupd_xmm_xmmm128) => Code::VEX_Vmovups_xmm_xmmm128,
+                    (Dtype::F32, Code::VEX_Vmovupd_xmmm128_xmm) => Code::VEX_Vmovups_xmmm128_xmm,
+                    (_, c) => c,
+                };
+                let i = if store {
+                    Instruction::with2(code, mem, r)?
+                } else {
+                    Instruction::with2(code, r, mem)?
+                };
+                return self.add(i);
+            }
+        }
         match self.isa {
             Isa::Avx512 => {
                 let code = if store {
@@ -420,12 +576,19 @@ impl<'a> Emitter<'a> {
                         .program
                         .mask_vreg(mask)
                         .ok_or(EmitError::MaskWithoutRegister(mask.0))?;
-                    let r = ymm::get_ymm(self.v(vreg)?)
-                        .ok_or(EmitError::Unsupported("a mask above ymm15", self.isa))?;
+                    let r = self.v(vreg)?;
                     // The constant goes after the code; the assembler resolves the label.
                     let label = self.asm.create_label();
                     self.mask_constants.push((label, lanes));
-                    self.asm.vmovdqu(r, ymmword_ptr(label))?;
+                    if r.is_xmm() {
+                        let r = xmm_regs::get_xmm(r)
+                            .ok_or(EmitError::Unsupported("a mask above xmm15", self.isa))?;
+                        self.asm.vmovdqu(r, xmmword_ptr(label))?;
+                    } else {
+                        let r = ymm::get_ymm(r)
+                            .ok_or(EmitError::Unsupported("a mask above ymm15", self.isa))?;
+                        self.asm.vmovdqu(r, ymmword_ptr(label))?;
+                    }
                 }
             },
             Op::StoreParam { param, addr } => {
@@ -495,11 +658,23 @@ impl<'a> Emitter<'a> {
                 let counter = self.gpr(counter)?;
                 let mut top = self.asm.create_label();
                 let mut done = self.asm.create_label();
+                if let Trips::RegisterBy(step) = trips {
+                    let step = step as i32;
+                    self.add(Instruction::with2(Code::Sub_rm64_imm8, counter, step)?)?;
+                    self.asm.jb(done)?;
+                    self.asm.set_label(&mut top)?;
+                    self.ops(body)?;
+                    self.add(Instruction::with2(Code::Sub_rm64_imm8, counter, step)?)?;
+                    self.asm.jae(top)?;
+                    self.asm.set_label(&mut done)?;
+                    self.add(Instruction::with2(Code::Add_rm64_imm8, counter, step)?)?;
+                    return Ok(());
+                }
                 match trips {
                     Trips::Const(n) => {
                         self.add(Instruction::with2(Code::Mov_r32_imm32, low32(counter), n)?)?;
                     }
-                    Trips::Register => {
+                    Trips::Register | Trips::RegisterBy(_) => {
                         self.add(Instruction::with2(Code::Test_rm64_r64, counter, counter)?)?;
                         self.asm.jz(done)?;
                     }
@@ -524,14 +699,26 @@ fn low32(r: Register) -> Register {
         .expect("every 64-bit general register has a 32-bit view")
 }
 
-/// The vector register for `v`: ymm on AVX2, zmm on AVX-512.
-fn vector(isa: Isa, v: VReg) -> Register {
-    let first = match isa {
-        // NEON programs are rejected before any register is mapped.
-        Isa::Avx2 | Isa::Neon => Register::YMM0,
-        Isa::Avx512 => Register::ZMM0,
+/// The vector register for `v` with `bytes`-byte vectors: xmm, ymm or zmm.
+fn vector(bytes: usize, v: VReg) -> Register {
+    let first = match bytes {
+        16 => Register::XMM0,
+        32 => Register::YMM0,
+        _ => Register::ZMM0,
     };
     nth_register(first, v.0 as usize)
+}
+
+/// The number of an xmm, ymm or zmm register.
+fn vector_number(r: Register) -> usize {
+    let first = if r.is_xmm() {
+        Register::XMM0
+    } else if r.is_ymm() {
+        Register::YMM0
+    } else {
+        Register::ZMM0
+    };
+    r as usize - first as usize
 }
 
 /// The xmm register that aliases the low lanes of `v`.

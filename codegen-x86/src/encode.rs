@@ -91,6 +91,29 @@ const fn evex(map: u8, pp: u8, w: bool, l: u8, opcode: u8, n: u8) -> VForm {
     }
 }
 
+impl VForm {
+    /// The same instruction on `bytes`-byte vectors (16, 32 or 64; 64 only for EVEX): VEX.L
+    /// or EVEX.L'L, and for EVEX the disp8*N scale of a full-vector memory operand. Forms
+    /// whose memory operand is one element keep their N.
+    pub(crate) const fn with_width(self, bytes: usize) -> VForm {
+        let l = match bytes {
+            16 => 0,
+            32 => 1,
+            _ => 2,
+        };
+        let full = self.n as usize == 16 << self.l;
+        VForm {
+            l,
+            n: if self.evex && full {
+                bytes as u8
+            } else {
+                self.n
+            },
+            ..self
+        }
+    }
+}
+
 // The forms, named as iced's `Code` names them.
 pub(crate) const VEX_VMOVUPD_YMM_M256: VForm = vex(1, 1, false, 1, 0x10);
 pub(crate) const VEX_VMOVUPD_M256_YMM: VForm = vex(1, 1, false, 1, 0x11);
@@ -120,6 +143,9 @@ pub(crate) const VEX_VXORPS_XMM: VForm = vex(1, 0, false, 0, 0x57);
 pub(crate) const VEX_VMOVDQU_YMM_M256: VForm = vex(1, 2, false, 1, 0x6F);
 pub(crate) const VEX_VMOVDQU_XMM_M128: VForm = vex(1, 2, false, 0, 0x6F);
 pub(crate) const VEX_VMOVDQU_M128_XMM: VForm = vex(1, 2, false, 0, 0x7F);
+/// Broadcast of one f64 into an xmm (vbroadcastsd has no xmm form).
+pub(crate) const VEX_VMOVDDUP_XMM_M64: VForm = vex(1, 3, false, 0, 0x12);
+pub(crate) const VEX_VBROADCASTSS_XMM_M32: VForm = vex(2, 1, false, 0, 0x18);
 pub(crate) const VEX_KMOVW_K_R32: VForm = vex(1, 0, false, 0, 0x92);
 
 pub(crate) const EVEX_VMOVUPD_ZMM_M512: VForm = evex(1, 1, true, 2, 0x10, 64);
@@ -142,6 +168,10 @@ pub(crate) const EVEX_VSUBPD_ZMM: VForm = evex(1, 1, true, 2, 0x5C, 64);
 pub(crate) const EVEX_VSUBPS_ZMM: VForm = evex(1, 0, false, 2, 0x5C, 64);
 pub(crate) const EVEX_VMULPD_ZMM: VForm = evex(1, 1, true, 2, 0x59, 64);
 pub(crate) const EVEX_VMULPS_ZMM: VForm = evex(1, 0, false, 2, 0x59, 64);
+pub(crate) const EVEX_VMOVDDUP_XMM_M64: VForm = evex(1, 3, true, 0, 0x12, 8);
+pub(crate) const EVEX_VBROADCASTSD_YMM_M64: VForm = evex(2, 1, true, 1, 0x19, 8);
+pub(crate) const EVEX_VBROADCASTSS_XMM_M32: VForm = evex(2, 1, false, 0, 0x18, 4);
+pub(crate) const EVEX_VBROADCASTSS_YMM_M32: VForm = evex(2, 1, false, 1, 0x18, 4);
 pub(crate) const EVEX_VPXORD_XMM: VForm = evex(1, 1, false, 0, 0xEF, 16);
 
 /// The EVEX operand extras: opmask, zeroing, embedded broadcast.
@@ -161,6 +191,10 @@ pub(crate) struct Label(u32);
 /// Branch conditions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Cond {
+    /// Below (carry set): an unsigned subtraction borrowed.
+    B = 0x2,
+    /// Above or equal (carry clear).
+    Ae = 0x3,
     Z = 0x4,
     Nz = 0x5,
 }
@@ -562,6 +596,10 @@ impl Assembler {
 
     pub(crate) fn add64_imm32(&mut self, dst: u8, imm: i32) {
         self.alu64_imm32(0, dst, imm);
+    }
+
+    pub(crate) fn sub64_imm8(&mut self, dst: u8, imm: i8) {
+        self.alu64_imm8(5, dst, imm);
     }
 
     pub(crate) fn and64_imm8(&mut self, dst: u8, imm: i8) {

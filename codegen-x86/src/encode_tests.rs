@@ -4,7 +4,7 @@
 use iced_x86::code_asm::{ymmword_ptr, CodeAssembler};
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, Register};
 use smallgemm_ir::{
-    lower, plan, Dtype, GemmSpec, GemmSpecBuilder, Isa, Layout, Scalar, Target, Trans,
+    lower, plan, Dtype, GemmSpec, GemmSpecBuilder, Isa, Layout, Scalar, Schedule, Target, Trans,
 };
 
 use crate::encode::{self as enc, Assembler, Cond, Evex, Mem, Rm, VForm};
@@ -426,6 +426,319 @@ fn table() -> Vec<Row> {
             Rrr,
             xmm,
         ),
+        // Narrower vectors: the full-width forms at 16 and 32 bytes, and the broadcasts.
+        (
+            enc::VEX_VMOVUPD_YMM_M256.with_width(16),
+            Code::VEX_Vmovupd_xmm_xmmm128,
+            Load,
+            xmm,
+        ),
+        (
+            enc::VEX_VMOVUPD_M256_YMM.with_width(16),
+            Code::VEX_Vmovupd_xmmm128_xmm,
+            Store,
+            xmm,
+        ),
+        (
+            enc::VEX_VMASKMOVPD_YMM_YMM_M256.with_width(16),
+            Code::VEX_Vmaskmovpd_xmm_xmm_m128,
+            LoadVvvv,
+            xmm,
+        ),
+        (
+            enc::VEX_VMASKMOVPD_M256_YMM_YMM.with_width(16),
+            Code::VEX_Vmaskmovpd_m128_xmm_xmm,
+            StoreVvvv,
+            xmm,
+        ),
+        (
+            enc::VEX_VFMADD231PD_YMM.with_width(16),
+            Code::VEX_Vfmadd231pd_xmm_xmm_xmmm128,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::VEX_VFNMADD231PD_YMM.with_width(16),
+            Code::VEX_Vfnmadd231pd_xmm_xmm_xmmm128,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::VEX_VADDPD_YMM.with_width(16),
+            Code::VEX_Vaddpd_xmm_xmm_xmmm128,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::VEX_VSUBPD_YMM.with_width(16),
+            Code::VEX_Vsubpd_xmm_xmm_xmmm128,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::VEX_VMULPD_YMM.with_width(16),
+            Code::VEX_Vmulpd_xmm_xmm_xmmm128,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::VEX_VMOVUPS_YMM_M256.with_width(16),
+            Code::VEX_Vmovups_xmm_xmmm128,
+            Load,
+            xmm,
+        ),
+        (
+            enc::VEX_VMOVUPS_M256_YMM.with_width(16),
+            Code::VEX_Vmovups_xmmm128_xmm,
+            Store,
+            xmm,
+        ),
+        (
+            enc::VEX_VMASKMOVPS_YMM_YMM_M256.with_width(16),
+            Code::VEX_Vmaskmovps_xmm_xmm_m128,
+            LoadVvvv,
+            xmm,
+        ),
+        (
+            enc::VEX_VMASKMOVPS_M256_YMM_YMM.with_width(16),
+            Code::VEX_Vmaskmovps_m128_xmm_xmm,
+            StoreVvvv,
+            xmm,
+        ),
+        (
+            enc::VEX_VFMADD231PS_YMM.with_width(16),
+            Code::VEX_Vfmadd231ps_xmm_xmm_xmmm128,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::VEX_VFNMADD231PS_YMM.with_width(16),
+            Code::VEX_Vfnmadd231ps_xmm_xmm_xmmm128,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::VEX_VADDPS_YMM.with_width(16),
+            Code::VEX_Vaddps_xmm_xmm_xmmm128,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::VEX_VSUBPS_YMM.with_width(16),
+            Code::VEX_Vsubps_xmm_xmm_xmmm128,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::VEX_VMULPS_YMM.with_width(16),
+            Code::VEX_Vmulps_xmm_xmm_xmmm128,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VMOVUPD_ZMM_M512.with_width(16),
+            Code::EVEX_Vmovupd_xmm_k1z_xmmm128,
+            Load,
+            xmm,
+        ),
+        (
+            enc::EVEX_VMOVUPD_M512_ZMM.with_width(16),
+            Code::EVEX_Vmovupd_xmmm128_k1z_xmm,
+            Store,
+            xmm,
+        ),
+        (
+            enc::EVEX_VFMADD231PD_ZMM.with_width(16),
+            Code::EVEX_Vfmadd231pd_xmm_k1z_xmm_xmmm128b64,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VFNMADD231PD_ZMM.with_width(16),
+            Code::EVEX_Vfnmadd231pd_xmm_k1z_xmm_xmmm128b64,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VADDPD_ZMM.with_width(16),
+            Code::EVEX_Vaddpd_xmm_k1z_xmm_xmmm128b64,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VSUBPD_ZMM.with_width(16),
+            Code::EVEX_Vsubpd_xmm_k1z_xmm_xmmm128b64,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VMULPD_ZMM.with_width(16),
+            Code::EVEX_Vmulpd_xmm_k1z_xmm_xmmm128b64,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VMOVUPS_ZMM_M512.with_width(16),
+            Code::EVEX_Vmovups_xmm_k1z_xmmm128,
+            Load,
+            xmm,
+        ),
+        (
+            enc::EVEX_VMOVUPS_M512_ZMM.with_width(16),
+            Code::EVEX_Vmovups_xmmm128_k1z_xmm,
+            Store,
+            xmm,
+        ),
+        (
+            enc::EVEX_VFMADD231PS_ZMM.with_width(16),
+            Code::EVEX_Vfmadd231ps_xmm_k1z_xmm_xmmm128b32,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VFNMADD231PS_ZMM.with_width(16),
+            Code::EVEX_Vfnmadd231ps_xmm_k1z_xmm_xmmm128b32,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VADDPS_ZMM.with_width(16),
+            Code::EVEX_Vaddps_xmm_k1z_xmm_xmmm128b32,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VSUBPS_ZMM.with_width(16),
+            Code::EVEX_Vsubps_xmm_k1z_xmm_xmmm128b32,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VMULPS_ZMM.with_width(16),
+            Code::EVEX_Vmulps_xmm_k1z_xmm_xmmm128b32,
+            Rrr,
+            xmm,
+        ),
+        (
+            enc::EVEX_VMOVUPD_ZMM_M512.with_width(32),
+            Code::EVEX_Vmovupd_ymm_k1z_ymmm256,
+            Load,
+            ymm,
+        ),
+        (
+            enc::EVEX_VMOVUPD_M512_ZMM.with_width(32),
+            Code::EVEX_Vmovupd_ymmm256_k1z_ymm,
+            Store,
+            ymm,
+        ),
+        (
+            enc::EVEX_VFMADD231PD_ZMM.with_width(32),
+            Code::EVEX_Vfmadd231pd_ymm_k1z_ymm_ymmm256b64,
+            Rrr,
+            ymm,
+        ),
+        (
+            enc::EVEX_VFNMADD231PD_ZMM.with_width(32),
+            Code::EVEX_Vfnmadd231pd_ymm_k1z_ymm_ymmm256b64,
+            Rrr,
+            ymm,
+        ),
+        (
+            enc::EVEX_VADDPD_ZMM.with_width(32),
+            Code::EVEX_Vaddpd_ymm_k1z_ymm_ymmm256b64,
+            Rrr,
+            ymm,
+        ),
+        (
+            enc::EVEX_VSUBPD_ZMM.with_width(32),
+            Code::EVEX_Vsubpd_ymm_k1z_ymm_ymmm256b64,
+            Rrr,
+            ymm,
+        ),
+        (
+            enc::EVEX_VMULPD_ZMM.with_width(32),
+            Code::EVEX_Vmulpd_ymm_k1z_ymm_ymmm256b64,
+            Rrr,
+            ymm,
+        ),
+        (
+            enc::EVEX_VMOVUPS_ZMM_M512.with_width(32),
+            Code::EVEX_Vmovups_ymm_k1z_ymmm256,
+            Load,
+            ymm,
+        ),
+        (
+            enc::EVEX_VMOVUPS_M512_ZMM.with_width(32),
+            Code::EVEX_Vmovups_ymmm256_k1z_ymm,
+            Store,
+            ymm,
+        ),
+        (
+            enc::EVEX_VFMADD231PS_ZMM.with_width(32),
+            Code::EVEX_Vfmadd231ps_ymm_k1z_ymm_ymmm256b32,
+            Rrr,
+            ymm,
+        ),
+        (
+            enc::EVEX_VFNMADD231PS_ZMM.with_width(32),
+            Code::EVEX_Vfnmadd231ps_ymm_k1z_ymm_ymmm256b32,
+            Rrr,
+            ymm,
+        ),
+        (
+            enc::EVEX_VADDPS_ZMM.with_width(32),
+            Code::EVEX_Vaddps_ymm_k1z_ymm_ymmm256b32,
+            Rrr,
+            ymm,
+        ),
+        (
+            enc::EVEX_VSUBPS_ZMM.with_width(32),
+            Code::EVEX_Vsubps_ymm_k1z_ymm_ymmm256b32,
+            Rrr,
+            ymm,
+        ),
+        (
+            enc::EVEX_VMULPS_ZMM.with_width(32),
+            Code::EVEX_Vmulps_ymm_k1z_ymm_ymmm256b32,
+            Rrr,
+            ymm,
+        ),
+        (
+            enc::VEX_VMOVDDUP_XMM_M64,
+            Code::VEX_Vmovddup_xmm_xmmm64,
+            Load,
+            xmm,
+        ),
+        (
+            enc::VEX_VBROADCASTSS_XMM_M32,
+            Code::VEX_Vbroadcastss_xmm_m32,
+            Load,
+            xmm,
+        ),
+        (
+            enc::EVEX_VMOVDDUP_XMM_M64,
+            Code::EVEX_Vmovddup_xmm_k1z_xmmm64,
+            Load,
+            xmm,
+        ),
+        (
+            enc::EVEX_VBROADCASTSD_YMM_M64,
+            Code::EVEX_Vbroadcastsd_ymm_k1z_xmmm64,
+            Load,
+            ymm,
+        ),
+        (
+            enc::EVEX_VBROADCASTSS_XMM_M32,
+            Code::EVEX_Vbroadcastss_xmm_k1z_xmmm32,
+            Load,
+            xmm,
+        ),
+        (
+            enc::EVEX_VBROADCASTSS_YMM_M32,
+            Code::EVEX_Vbroadcastss_ymm_k1z_xmmm32,
+            Load,
+            ymm,
+        ),
     ]
 }
 
@@ -804,25 +1117,35 @@ fn kernels_match_the_iced_path() {
         let spec = builder.build().unwrap();
         let problem = spec.col_major();
         for target in [Target::AVX2, Target::AVX512] {
-            let schedule = plan(&problem, target);
-            let program = lower(&problem, target, &schedule).unwrap();
-            for conv in [CallConv::SysV, CallConv::Win64] {
-                let old = crate::emit_iced(&program, target.isa, conv).unwrap();
-                let new = crate::emit_with(&program, target.isa, conv).unwrap();
-                if new != old {
-                    let (o, n) = (crate::listing(&old), crate::listing(&new));
-                    let line = o
-                        .lines()
-                        .zip(n.lines())
-                        .find(|(a, b)| a != b)
-                        .map(|(a, b)| format!("iced: {a}\nours: {b}"));
-                    panic!(
-                        "{} {:?} {conv:?}: first difference\n{line:?}",
-                        spec.name(),
-                        target.isa
-                    );
+            // The planner's schedule, and the same blocking at every vector width.
+            let planned = plan(&problem, target);
+            let widths = target.vector_widths().iter().map(|&vector_bytes| Schedule {
+                vector_bytes,
+                ..planned
+            });
+            for schedule in std::iter::once(planned).chain(widths) {
+                if schedule.validate(&problem, target).is_err() {
+                    continue;
                 }
-                kernels += 1;
+                let program = lower(&problem, target, &schedule).unwrap();
+                for conv in [CallConv::SysV, CallConv::Win64] {
+                    let old = crate::emit_iced(&program, target.isa, conv).unwrap();
+                    let new = crate::emit_with(&program, target.isa, conv).unwrap();
+                    if new != old {
+                        let (o, n) = (crate::listing(&old), crate::listing(&new));
+                        let line = o
+                            .lines()
+                            .zip(n.lines())
+                            .find(|(a, b)| a != b)
+                            .map(|(a, b)| format!("iced: {a}\nours: {b}"));
+                        panic!(
+                            "{} {:?} {conv:?}: first difference\n{line:?}",
+                            spec.name(),
+                            target.isa
+                        );
+                    }
+                    kernels += 1;
+                }
             }
         }
     }

@@ -314,19 +314,24 @@ impl<T: Element> Machine<'_, T> {
                 trips,
                 body,
             } => {
-                let n = match trips {
-                    Trips::Const(n) => *n as i64,
-                    Trips::Register => match self.gpr(op, *counter)? {
-                        Value::Count(n) => n,
-                        Value::Address { .. } => {
-                            return Err(InterpError::Undefined {
-                                op: "loop".into(),
-                                what: format!("a count in {counter}"),
-                            })
-                        }
-                    },
+                let count = || match self.gpr(op, *counter)? {
+                    Value::Count(n) => Ok(n),
+                    Value::Address { .. } => Err(InterpError::Undefined {
+                        op: "loop".into(),
+                        what: format!("a count in {counter}"),
+                    }),
                 };
-                for left in (1..=n).rev() {
+                let (n, step) = match trips {
+                    Trips::Const(n) => (*n as i64, 1),
+                    Trips::Register => (count()?, 1),
+                    Trips::RegisterBy(step) => (count()? / *step as i64, *step as i64),
+                };
+                let rest = match trips {
+                    Trips::RegisterBy(step) => count()? % *step as i64,
+                    _ => 0,
+                };
+                for trip in (1..=n).rev() {
+                    let left = rest + trip * step;
                     self.gprs[counter.0 as usize] = Some(Value::Count(left));
                     self.run(body)?;
                     if self.gprs[counter.0 as usize] != Some(Value::Count(left)) {
@@ -335,7 +340,7 @@ impl<T: Element> Machine<'_, T> {
                         });
                     }
                 }
-                self.gprs[counter.0 as usize] = Some(Value::Count(0));
+                self.gprs[counter.0 as usize] = Some(Value::Count(rest));
             }
         }
         Ok(())

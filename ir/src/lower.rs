@@ -120,7 +120,7 @@ pub fn lower(
         });
     }
     schedule.validate(problem, target)?;
-    let lanes = target.lanes(problem.dtype);
+    let lanes = schedule.lanes(target, problem.dtype);
     let mut l = Lowering {
         p: problem,
         target,
@@ -198,6 +198,34 @@ impl Lowering<'_> {
                 [8; 3]
             }
         };
+        // Several matrices per trip first (their offsets from the argument registers grow
+        // by a stride each), unless the offsets would not fit in 32 bits.
+        let unroll = self.s.batch_unroll.max(1);
+        let mut unrolled = None;
+        if unroll >= 2 && strides.iter().all(|s| s.abs() * (unroll as i64) < 1 << 30) {
+            let bases = self.bases;
+            let mut ops = Vec::new();
+            for i in 0..unroll as i64 {
+                for (base, stride) in self.bases.iter_mut().zip(strides) {
+                    base.offset = i * stride;
+                }
+                self.rows(&mut ops)?;
+            }
+            self.bases = bases;
+            for (reg, bytes) in arrays.into_iter().zip(strides) {
+                if bytes != 0 {
+                    ops.push(Op::AddImm {
+                        dst: reg,
+                        imm: imm(bytes * unroll as i64)?,
+                    });
+                }
+            }
+            unrolled = Some(Op::Loop {
+                counter: Gpr::BATCH,
+                trips: Trips::RegisterBy(unroll as u32),
+                body: ops,
+            });
+        }
         self.rows(&mut body)?;
         for (reg, bytes) in arrays.into_iter().zip(strides) {
             if bytes != 0 {
@@ -217,6 +245,7 @@ impl Lowering<'_> {
             setup.insert(0, Op::SetMask { mask, lanes });
         }
         let mut ops = setup;
+        ops.extend(unrolled);
         ops.push(Op::Loop {
             counter: Gpr::BATCH,
             trips: Trips::Register,

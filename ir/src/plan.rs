@@ -15,43 +15,77 @@ pub const UNROLL_BUDGET: usize = 1200;
 /// than latency × FMA ports cannot keep the FMA units busy.
 const FMA_LATENCY: f64 = 4.0;
 
-/// Picks the register blocking with the lowest estimated cycles per matrix, then unrolls
-/// as much as [`UNROLL_BUDGET`] allows.
+/// Picks the vector width and register blocking with the lowest estimated cycles per
+/// matrix, then unrolls as much as [`UNROLL_BUDGET`] allows.
 pub fn plan(problem: &ColMajorProblem, target: Target) -> Schedule {
-    let lanes = target.lanes(problem.dtype);
     let mut best: Option<(f64, Schedule)> = None;
-    for m_vectors in 1..=problem.m.div_ceil(lanes) {
-        for n_cols in 1..=problem.n {
-            let s = Schedule {
-                m_vectors,
-                n_cols,
-                k_unroll: 0,
-                unroll_m_blocks: true,
-                unroll_n_blocks: true,
-            };
-            if s.validate(problem, target).is_err() {
-                // Wider blocks only need more registers.
-                break;
+    // Narrowest first, and a wider vector only when strictly cheaper: where the cost model
+    // cannot tell them apart (m fits the narrow vector as well), the narrow one has fewer
+    // masked lanes, or none.
+    for &width in target.vector_widths() {
+        let lanes = width / problem.dtype.size();
+        let mut best_here: Option<(f64, Schedule)> = None;
+        for m_vectors in 1..=problem.m.div_ceil(lanes) {
+            for n_cols in 1..=problem.n {
+                let s = Schedule {
+                    m_vectors,
+                    n_cols,
+                    k_unroll: 0,
+                    unroll_m_blocks: true,
+                    unroll_n_blocks: true,
+                    batch_unroll: 0,
+                    vector_bytes: if width == target.vector_bytes() {
+                        0
+                    } else {
+                        width
+                    },
+                };
+                if s.validate(problem, target).is_err() {
+                    // Wider blocks only need more registers.
+                    break;
+                }
+                let cost = estimated_cycles(problem, target, &s);
+                // Among blocks of equal cycles, the one that loads A and B least, then the
+                // larger one (the tuner found 2x10 blocks 11% faster than the 2x4 that the
+                // model ties them with at 16x16x16).
+                let key =
+                    |s: &Schedule| (estimated_loads(problem, target, s), s.m_vectors * s.n_cols);
+                if best_here.is_none_or(|(c, b)| {
+                    cost < c - 1e-9
+                        || (cost < c + 1e-9 && {
+                            let ((loads, acc), (best_loads, best_acc)) = (key(&s), key(&b));
+                            loads < best_loads - 1e-9
+                                || (loads < best_loads + 1e-9 && acc > best_acc)
+                        })
+                }) {
+                    best_here = Some((cost, s));
+                }
             }
-            let cost = estimated_cycles(problem, target, &s);
-            // Among blocks of equal cycles, the one that loads A and B least, then the larger
-            // one (the tuner found 2x10 blocks 11% faster than the 2x4 that the model ties
-            // them with at 16x16x16).
-            let key = |s: &Schedule| (estimated_loads(problem, target, s), s.m_vectors * s.n_cols);
-            if best.is_none_or(|(c, b)| {
-                cost < c - 1e-9
-                    || (cost < c + 1e-9 && {
-                        let ((loads, acc), (best_loads, best_acc)) = (key(&s), key(&b));
-                        loads < best_loads - 1e-9 || (loads < best_loads + 1e-9 && acc > best_acc)
-                    })
-            }) {
+        }
+        if let Some((cost, s)) = best_here {
+            if best.is_none_or(|(c, _)| cost < c - 1e-9) {
                 best = Some((cost, s));
             }
         }
     }
     let (_, mut s) = best.expect("a 1x1 register block always fits");
     choose_unrolling(problem, target, &mut s);
+    s.batch_unroll = batch_unroll(problem, target, &s);
     s
+}
+
+/// Operations of the batch loop's body beyond which it does one matrix per trip.
+const BATCH_UNROLL_BODY: usize = 256;
+
+/// Matrices per trip of the batch loop: as many (up to 8) as keep the body within
+/// [`BATCH_UNROLL_BODY`] operations, so that the loop's 5 or so instructions of pointer
+/// increments and branch stop dominating tiny matrices.
+pub fn batch_unroll(problem: &ColMajorProblem, target: Target, s: &Schedule) -> usize {
+    let ops = estimated_ops(problem, target, s).max(1);
+    [8, 4, 2]
+        .into_iter()
+        .find(|u| u * ops <= BATCH_UNROLL_BODY)
+        .unwrap_or(0)
 }
 
 /// Replaces full unrolling by loops, outermost first, until the code fits the budget.
@@ -86,7 +120,7 @@ fn pieces(total: usize, block: usize) -> [(usize, usize); 2] {
 /// Estimated cycles per matrix: each register block runs k steps, each bound by FMA or
 /// load throughput or by the FMA latency chain, plus reading and writing its C once.
 pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f64 {
-    let lanes = target.lanes(problem.dtype);
+    let lanes = s.lanes(target, problem.dtype);
     let c_reads = (problem.beta != Scalar::Zero) as usize as f64;
     let b_operand = BOperand::of(problem, target, s.m_vectors);
     let mut cycles = 0.0;
@@ -107,12 +141,16 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
     if problem.trans_a == Trans::T {
         cycles += (problem.m * problem.k) as f64;
     }
+    let tail_bytes = (problem.m % lanes) * problem.dtype.size();
+    if c_reads > 0.0 && tail_bytes != 0 && target.masked_tail(tail_bytes) {
+        cycles += MASKED_STORE_STALL;
+    }
     cycles
 }
 
 /// Loads of A and B per matrix (vector loads and broadcasts): the blocks' reloads.
 fn estimated_loads(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f64 {
-    let lanes = target.lanes(problem.dtype);
+    let lanes = s.lanes(target, problem.dtype);
     let b_operand = BOperand::of(problem, target, s.m_vectors);
     let mut loads = 0.0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
@@ -125,9 +163,13 @@ fn estimated_loads(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f
     loads
 }
 
+/// Cycles a matrix loses when its C has a masked tail and is read: the load of the next
+/// matrix's C waits for the last masked store (see [`Target::masked_tail`]).
+const MASKED_STORE_STALL: f64 = 16.0;
+
 /// Estimated operations in the lowered program text.
 pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) -> usize {
-    let lanes = target.lanes(problem.dtype);
+    let lanes = s.lanes(target, problem.dtype);
     let k = problem.k;
     let steps = if s.k_unroll == 0 || k / s.k_unroll < 2 {
         k

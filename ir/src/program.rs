@@ -64,6 +64,10 @@ pub enum Trips {
     Const(u32),
     /// The value of the counter register on entry, counted down to zero; 0 skips the body.
     Register,
+    /// The counter register on entry divided by the step (at least 2), rounded down: each
+    /// trip subtracts the step, and the loop leaves the remainder (counter mod step) in the
+    /// counter for a `Register` loop after it. Batch loops that do several matrices a trip.
+    RegisterBy(u32),
 }
 
 /// One operation. Vector operations act on all lanes; masked lanes of loads read as zero
@@ -195,6 +199,8 @@ impl Program {
                         let n = match trips {
                             Trips::Const(n) => *n as u64,
                             Trips::Register => 1,
+                            // A batch loop: one trip does `step` matrices.
+                            Trips::RegisterBy(_) => 0,
                         };
                         walk(body, times * n, c)
                     }
@@ -333,6 +339,9 @@ impl fmt::Display for Program {
                         match trips {
                             Trips::Const(n) => writeln!(f, "{pad}loop {counter} = {n} {{")?,
                             Trips::Register => writeln!(f, "{pad}loop {counter} {{")?,
+                            Trips::RegisterBy(step) => {
+                                writeln!(f, "{pad}loop {counter} by {step} {{")?
+                            }
                         }
                         list(body, depth + 1, f)?;
                         writeln!(f, "{pad}}}")?;

@@ -23,7 +23,20 @@ pub struct Schedule {
     /// Emit every column block inline (true) or loop over the full ones (false).
     #[serde(default = "yes")]
     pub unroll_n_blocks: bool,
+    /// Bytes per vector register used: one of [`Target::vector_widths`], or 0 for the
+    /// target's widest. Narrower vectors (xmm/ymm under AVX-512VL) fit small m exactly: no
+    /// tail masks, and stores that do not spill into the next column or matrix.
+    #[serde(default)]
+    pub vector_bytes: usize,
+    /// Matrices of the batch per trip of the batch loop (0 or 1: one), the rest in a loop of
+    /// one per trip after it: amortises the loop's pointer increments and branch over
+    /// several tiny matrices.
+    #[serde(default)]
+    pub batch_unroll: usize,
 }
+
+/// The most matrices one trip of the batch loop may do.
+pub const MAX_BATCH_UNROLL: usize = 16;
 
 fn yes() -> bool {
     true
@@ -34,6 +47,10 @@ fn yes() -> bool {
 pub enum ScheduleError {
     #[error("a register block needs at least one vector and one column")]
     EmptyBlock,
+    #[error("at most {MAX_BATCH_UNROLL} matrices per trip of the batch loop, not {0}")]
+    BatchUnroll(usize),
+    #[error("{target} has no {bytes}-byte vectors")]
+    VectorWidth { bytes: usize, target: Target },
     #[error("the schedule needs {needed} vector registers; {target} has {available}")]
     TooManyRegisters {
         needed: usize,
@@ -125,9 +142,23 @@ pub fn epilogue_temporaries(alpha: Scalar, beta: Scalar) -> usize {
 }
 
 impl Schedule {
+    /// Bytes per vector on `target` (the target's widest unless the schedule narrows it).
+    pub fn vector_width(&self, target: Target) -> usize {
+        if self.vector_bytes == 0 {
+            target.vector_bytes()
+        } else {
+            self.vector_bytes
+        }
+    }
+
+    /// Elements of `dtype` per vector on `target`.
+    pub fn lanes(&self, target: Target, dtype: crate::Dtype) -> usize {
+        self.vector_width(target) / dtype.size()
+    }
+
     /// Register use of this schedule for `problem` on `target`.
     pub fn registers(&self, problem: &ColMajorProblem, target: Target) -> RegisterUse {
-        let lanes = target.lanes(problem.dtype);
+        let lanes = self.lanes(target, problem.dtype);
         let has_tail = problem.m % lanes != 0;
         RegisterUse {
             accumulators: self.m_vectors * self.n_cols,
@@ -145,6 +176,15 @@ impl Schedule {
     pub fn validate(&self, problem: &ColMajorProblem, target: Target) -> Result<(), ScheduleError> {
         if self.m_vectors == 0 || self.n_cols == 0 {
             return Err(ScheduleError::EmptyBlock);
+        }
+        if self.batch_unroll > MAX_BATCH_UNROLL {
+            return Err(ScheduleError::BatchUnroll(self.batch_unroll));
+        }
+        if self.vector_bytes != 0 && !target.vector_widths().contains(&self.vector_bytes) {
+            return Err(ScheduleError::VectorWidth {
+                bytes: self.vector_bytes,
+                target,
+            });
         }
         let needed = self.registers(problem, target).total();
         let available = target.vector_registers();

@@ -89,6 +89,31 @@ impl Target {
         }
     }
 
+    /// Whether a tail of `bytes` bytes (less than a vector) is loaded and stored through a
+    /// mask. x86 moves 4, 8, 16 and 32 bytes exactly (vmovss, vmovsd, xmm, ymm) and any
+    /// other tail takes a masked move, whose store does not forward to a later load of any
+    /// byte of its whole vector: the next column's or the next matrix's C waits for it to
+    /// retire. NEON stores tails exactly, piece by piece.
+    pub fn masked_tail(self, bytes: usize) -> bool {
+        match self.isa {
+            Isa::Avx2 | Isa::Avx512 => {
+                bytes % self.vector_bytes() != 0 && !matches!(bytes, 4 | 8 | 16 | 32)
+            }
+            Isa::Neon => false,
+        }
+    }
+
+    /// Vector widths in bytes that kernels may use, narrowest first (AVX-512VL and AVX give
+    /// the narrower x86 registers every instruction the wide ones have; the NEON backend
+    /// has 16-byte vectors only).
+    pub fn vector_widths(self) -> &'static [usize] {
+        match self.isa {
+            Isa::Avx2 => &[16, 32],
+            Isa::Avx512 => &[16, 32, 64],
+            Isa::Neon => &[16],
+        }
+    }
+
     /// Elements of `dtype` in one vector register.
     pub fn lanes(self, dtype: Dtype) -> usize {
         self.vector_bytes() / dtype.size()

@@ -122,6 +122,8 @@ fn looped_schedules_compute_the_reference() {
                     k_unroll: 4,
                     unroll_m_blocks: false,
                     unroll_n_blocks: false,
+                    vector_bytes: 0,
+                    batch_unroll: 0,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -129,6 +131,8 @@ fn looped_schedules_compute_the_reference() {
                     k_unroll: 3,
                     unroll_m_blocks: true,
                     unroll_n_blocks: false,
+                    vector_bytes: 0,
+                    batch_unroll: 3,
                 },
                 Schedule {
                     m_vectors: 1,
@@ -136,6 +140,8 @@ fn looped_schedules_compute_the_reference() {
                     k_unroll: 0,
                     unroll_m_blocks: false,
                     unroll_n_blocks: true,
+                    vector_bytes: 0,
+                    batch_unroll: 16,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -143,6 +149,8 @@ fn looped_schedules_compute_the_reference() {
                     k_unroll: 5,
                     unroll_m_blocks: true,
                     unroll_n_blocks: true,
+                    vector_bytes: 0,
+                    batch_unroll: 2,
                 },
             ] {
                 for spec in specs(Dtype::F64, m, n, k) {
