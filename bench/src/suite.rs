@@ -2,7 +2,7 @@
 //! competitor on the same buffers, each figure beside its bound.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Operand, Scalar};
 use smallgemm_ir::reference::TestData;
@@ -105,9 +105,11 @@ impl Config {
             beta: 1.0,
             hot_bytes: 512 << 10,
             stream_bytes: 1 << 30,
+            // Short samples: on a shared machine a sample that the scheduler interrupts is
+            // an outlier, and shorter ones are interrupted less often.
             hot: Timing {
                 warmup: Duration::from_millis(20),
-                min_sample: Duration::from_millis(2),
+                min_sample: Duration::from_millis(1),
                 reps: 21,
                 min_reps: 7,
                 budget: Duration::from_millis(400),
@@ -705,7 +707,10 @@ impl Runner<'_, '_> {
             Regime::Stream => config.stream,
         };
         let (alpha, beta) = (T::from_f64(config.alpha), T::from_f64(config.beta));
-        let mut smallgemm_seconds: Option<Vec<f64>> = None;
+        // Every competitor is prepared and warmed up first; then the samples are taken in
+        // rounds, one sample of each competitor per round, so that a slow period of this
+        // shared machine falls on all of them alike and the ratios stay meaningful.
+        let mut prepared = Vec::new();
         for &competitor in &config.competitors {
             if competitor.missing_feature().is_some()
                 || competitor.supports(config.alpha, config.beta).is_err()
@@ -722,16 +727,45 @@ impl Runner<'_, '_> {
                     self.notes.push(line);
                 }
             }
-            let seconds = time_batch(&*g, spec, a, b, c, batch, threads, &timing)?;
+            prepared.push((competitor, g));
+        }
+        let mut seconds: Vec<Vec<f64>> = vec![Vec::with_capacity(timing.reps); prepared.len()];
+        let one_sample = Timing {
+            reps: 1,
+            min_reps: 1,
+            ..timing
+        };
+        // Later rounds skip the warm-up time (two warm calls remain when samples are short).
+        let next_samples = Timing {
+            warmup: Duration::ZERO,
+            ..one_sample
+        };
+        let budget = timing.budget * prepared.len().max(1) as u32;
+        let measuring = Instant::now();
+        for round in 0..timing.reps {
+            if round >= timing.min_reps && measuring.elapsed() >= budget {
+                break;
+            }
+            let t = if round == 0 {
+                &one_sample
+            } else {
+                &next_samples
+            };
+            for ((_, g), out) in prepared.iter().zip(&mut seconds) {
+                out.extend(time_batch(&**g, spec, a, b, c, batch, threads, t)?);
+            }
+        }
+        let smallgemm_seconds = prepared
+            .iter()
+            .position(|(c, _)| *c == Competitor::Smallgemm)
+            .map(|i| seconds[i].clone());
+        for ((competitor, _), seconds) in prepared.into_iter().zip(seconds) {
             let time = Summary::of(&seconds).ok_or("no samples")?;
             let ratio = match (&smallgemm_seconds, competitor) {
                 (_, Competitor::Smallgemm) => None,
                 (Some(sg), _) => ratio_of_medians(&seconds, sg),
                 (None, _) => None,
             };
-            if competitor == Competitor::Smallgemm {
-                smallgemm_seconds = Some(seconds.clone());
-            }
             self.figures.push(Figure {
                 dtype: T::DTYPE,
                 regime,

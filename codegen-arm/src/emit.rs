@@ -564,6 +564,9 @@ impl<'a> Emitter<'a> {
                     }
                 }
             }
+            // The planner asks for prefetches on x86 only (the next matrix is usually
+            // further away than `prfm`'s offset reaches); a hint may be dropped.
+            Op::Prefetch { .. } => {}
             Op::Copy { dst, src } => {
                 let (d, s) = (self.x(dst)?, self.x(src)?);
                 // The add form reads register 31 as sp (a plain mov would read xzr).

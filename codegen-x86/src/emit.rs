@@ -518,6 +518,10 @@ impl<'a> Emitter<'a> {
                 let (dst, m) = (self.gpr(dst)?, self.mem(addr)?);
                 self.asm.mov_r64_rm64(dst, m);
             }
+            Op::Prefetch { addr } => {
+                let m = self.mem(addr)?;
+                self.asm.prefetcht1(m);
+            }
             Op::Copy { dst, src } => {
                 let (dst, src) = (self.gpr(dst)?, self.gpr(src)?);
                 self.asm.mov_r64_rm64(dst, Rm::Reg(src));

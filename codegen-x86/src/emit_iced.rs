@@ -638,6 +638,10 @@ impl<'a> Emitter<'a> {
                     Instruction::with2(Code::Mov_r64_rm64, self.gpr(dst)?, self.mem(addr, false)?)?;
                 self.add(i)?;
             }
+            Op::Prefetch { addr } => {
+                let i = Instruction::with1(Code::Prefetcht1_m8, self.mem(addr, false)?)?;
+                self.add(i)?;
+            }
             Op::Copy { dst, src } => {
                 let i = Instruction::with2(Code::Mov_r64_rm64, self.gpr(dst)?, self.gpr(src)?)?;
                 self.add(i)?;

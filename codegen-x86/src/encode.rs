@@ -530,6 +530,11 @@ impl Assembler {
         self.len += n;
     }
 
+    /// `prefetcht1 m8` (0F 18 /2): towards L2 and the caches below it.
+    pub(crate) fn prefetcht1(&mut self, m: Rm) {
+        self.legacy(false, &[0x0F, 0x18], 2, m, &[]);
+    }
+
     /// `push r64`.
     pub(crate) fn push(&mut self, r: u8) {
         if r >= 8 {

@@ -942,6 +942,11 @@ fn general_forms_match_iced() {
             );
             check(
                 &what,
+                iced(&Instruction::with1(Code::Prefetcht1_m8, im).unwrap()),
+                ours(|a| a.prefetcht1(Rm::Mem(*m))),
+            );
+            check(
+                &what,
                 iced(&Instruction::with2(Code::Mov_rm64_r64, im, gpr(r)).unwrap()),
                 ours(|a| a.mov_rm64_r64(Rm::Mem(*m), r)),
             );

@@ -259,6 +259,8 @@ impl<T: Element> Machine<'_, T> {
                 self.write(op, *addr, 0, x)?;
             }
             Op::StoreConst { value, addr } => self.write(op, *addr, 0, T::from_f64(*value))?,
+            // A hint: nothing to compute, and its address may lie past the batch.
+            Op::Prefetch { .. } => {}
             Op::LoadAddress { dst, addr } => {
                 let (region, offset) = match self.gpr(op, addr.base)? {
                     Value::Address { region, offset } => (region, offset + addr.offset as i64),

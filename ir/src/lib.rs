@@ -17,6 +17,7 @@ pub mod gpu;
 mod interp;
 mod lower;
 mod plan;
+mod prefetch;
 mod program;
 pub mod reference;
 mod schedule;

@@ -137,7 +137,11 @@ pub fn lower(
         bases: [Gpr::A, Gpr::B, Gpr::C].map(Cursor::at),
         vregs_used: schedule.registers(problem, target).total(),
     };
-    l.program()
+    let mut program = l.program()?;
+    if schedule.prefetch && problem.batch_form == BatchForm::Strided {
+        crate::prefetch::insert(&mut program.ops);
+    }
+    Ok(program)
 }
 
 impl Lowering<'_> {

@@ -132,6 +132,9 @@ pub enum Op {
     StoreConst { value: f64, addr: Addr },
     /// dst = the 64-bit address stored at addr (pointer-array batches).
     LoadAddress { dst: Gpr, addr: Addr },
+    /// A hint: start bringing the cache line at addr into the core's L2 cache. No effect on
+    /// any value; never faults, even past the end of the batch.
+    Prefetch { addr: Addr },
     /// dst = src.
     Copy { dst: Gpr, src: Gpr },
     /// dst = dst + imm.
@@ -329,6 +332,7 @@ impl fmt::Display for Program {
                     Op::LoadAddress { dst, addr } => {
                         writeln!(f, "{pad}{dst} = load.address {addr}")?
                     }
+                    Op::Prefetch { addr } => writeln!(f, "{pad}prefetch {addr}")?,
                     Op::Copy { dst, src } => writeln!(f, "{pad}{dst} = {src}")?,
                     Op::AddImm { dst, imm } => writeln!(f, "{pad}{dst} += {imm}")?,
                     Op::Loop {

@@ -33,6 +33,10 @@ pub struct Schedule {
     /// several tiny matrices.
     #[serde(default)]
     pub batch_unroll: usize,
+    /// Prefetch each line of the next trip's matrices before the first access to the same
+    /// line of the current ones (strided batches on x86; see `prefetch.rs`).
+    #[serde(default)]
+    pub prefetch: bool,
 }
 
 /// The most matrices one trip of the batch loop may do.
