@@ -72,20 +72,21 @@ pub fn plan(problem: &ColMajorProblem, target: Target) -> Schedule {
     let (_, mut s) = best.expect("a 1x1 register block always fits");
     choose_unrolling(problem, target, &mut s);
     s.batch_unroll = batch_unroll(problem, target, &s);
-    s.prefetch = prefetch(problem, target);
     s
 }
 
-/// Bytes of A, B and C per matrix from which kernels prefetch the next matrices. Smaller
-/// matrices stream well on the hardware prefetchers alone (measured: 91-110% of the
-/// bandwidth bound at n = 3..8 f64), and there a prefetch per line would be a sizeable
-/// share of the instructions of a matrix that sits in L2.
+/// Bytes of A, B and C per matrix from which prefetching the next matrices pays when the
+/// batch streams from memory. Smaller matrices stream well on the hardware prefetchers
+/// alone (measured: 91-110% of the bandwidth bound at n = 3..8 f64).
 const PREFETCH_MIN_BYTES: usize = 2048;
 
-/// Whether kernels for `problem` prefetch the next matrices of the batch: strided batches
-/// (the next matrix is a constant distance away) of matrices large enough, on x86 (on
-/// AArch64 `prfm`'s offsets do not reach the next matrix).
-pub fn prefetch(problem: &ColMajorProblem, target: Target) -> bool {
+/// Whether a variant of the kernel for `problem` that prefetches the next matrices
+/// (`Schedule::prefetch`) pays for batches that stream from memory: strided batches (the
+/// next matrix is a constant distance away) of matrices large enough, on x86 (on AArch64
+/// `prfm`'s offsets do not reach the next matrix). Not for batches that sit in cache: there
+/// the prefetches cost about 10% (measured, f64 n = 12..32, batch in L2), so the planner's
+/// schedules do not prefetch and the runtime picks the variant by the size of the batch.
+pub fn prefetch_pays(problem: &ColMajorProblem, target: Target) -> bool {
     let bytes = problem.dtype.size()
         * (problem.lda
             * if problem.trans_a == Trans::N {

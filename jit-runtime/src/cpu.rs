@@ -29,6 +29,38 @@ pub fn supported_isas() -> Vec<Isa> {
     isas
 }
 
+/// Bytes of one core's L2 cache (from Linux's sysfs; 1 MiB where it cannot be read): a
+/// batch larger than this streams from L3 or memory.
+pub(crate) fn l2_bytes() -> usize {
+    static L2: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *L2.get_or_init(|| {
+        (0..8)
+            .find_map(|i| {
+                let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+                let level = std::fs::read_to_string(format!("{dir}/level")).ok()?;
+                let kind = std::fs::read_to_string(format!("{dir}/type")).ok()?;
+                if level.trim() != "2" || kind.trim() == "Instruction" {
+                    return None;
+                }
+                parse_size(&std::fs::read_to_string(format!("{dir}/size")).ok()?)
+            })
+            .unwrap_or(1 << 20)
+    })
+}
+
+/// A sysfs cache size: "2048K", "1M", or bytes.
+fn parse_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let (digits, unit) = match text.strip_suffix(['K', 'k']) {
+        Some(d) => (d, 1 << 10),
+        None => match text.strip_suffix(['M', 'm']) {
+            Some(d) => (d, 1 << 20),
+            None => (text, 1),
+        },
+    };
+    digits.parse::<usize>().ok().map(|n| n * unit)
+}
+
 /// The best target of this CPU: AVX-512 over AVX2; NEON on AArch64.
 pub fn detect() -> Result<Target, Error> {
     supported_isas()

@@ -1,5 +1,6 @@
 //! `Kernel`: one compiled, executable GEMM kernel and its checked entry points.
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use smallgemm_ir::{
@@ -93,6 +94,10 @@ pub struct Kernel {
     code: MachineCode,
     params: Vec<Param>,
     exec: ExecutableCode,
+    /// The variant that prefetches the next matrices, for batches that stream from memory:
+    /// compiled on the first such call; None where it does not pay (or failed to compile:
+    /// the kernel's own code then runs, correct and a little slower).
+    streaming: OnceLock<Option<ExecutableCode>>,
     compile_time: Duration,
 }
 
@@ -117,8 +122,48 @@ impl Kernel {
             params: generated.program.params.clone(),
             code: generated.code,
             exec,
+            streaming: OnceLock::new(),
             compile_time: start.elapsed(),
         })
+    }
+
+    /// Whether a call on `batch` matrices runs the variant that prefetches the next
+    /// matrices: strided batches larger than this core's L2 cache, of matrices for which
+    /// prefetching pays ([`smallgemm_ir::prefetch_pays`]). Batches that sit in cache run
+    /// without prefetches, which would cost them about 10%.
+    pub fn streams(&self, batch: usize) -> bool {
+        let spec = &self.spec;
+        let per_matrix = [Operand::A, Operand::B, Operand::C]
+            .map(|o| spec.stride(o).saturating_mul(spec.dtype().size()))
+            .iter()
+            .fold(0usize, |sum, &x| sum.saturating_add(x));
+        spec.batch_form() == BatchForm::Strided
+            && !self.schedule.prefetch
+            && per_matrix.saturating_mul(batch) > crate::cpu::l2_bytes()
+            && smallgemm_ir::prefetch_pays(&spec.col_major(), self.target)
+    }
+
+    /// The code to run `batch` matrices with: the prefetching variant when the batch
+    /// streams (compiled on the first such call), else the kernel's own.
+    fn entry(&self, batch: usize) -> *const u8 {
+        if self.streams(batch) {
+            let variant = self.streaming.get_or_init(|| {
+                let schedule = Schedule {
+                    prefetch: true,
+                    ..self.schedule
+                };
+                let generated = generate(&self.spec, self.target, Some(&schedule)).ok()?;
+                let exec = ExecutableCode::new(&generated.code.bytes).ok()?;
+                crate::perfmap::register(exec.entry(), generated.code.bytes.len(), || {
+                    format!("{}_{}_prefetch", self.target.isa, self.spec.name())
+                });
+                Some(exec)
+            });
+            if let Some(code) = variant {
+                return code.entry();
+            }
+        }
+        self.exec.entry()
     }
 
     pub fn spec(&self) -> &GemmSpec {
@@ -383,7 +428,7 @@ impl Kernel {
             type Entry<T> = unsafe extern "sysv64" fn(*const u8, *const u8, *mut u8, usize, T, T);
             // SAFETY: the code was emitted for this signature (System V, see codegen-x86) on
             // a target this CPU runs, and stays mapped while `self` lives.
-            let entry: Entry<T> = std::mem::transmute::<*const u8, Entry<T>>(self.exec.entry());
+            let entry: Entry<T> = std::mem::transmute::<*const u8, Entry<T>>(self.entry(batch));
             entry(a, b, c, batch, x0, x1);
             Ok(())
         }
@@ -393,7 +438,7 @@ impl Kernel {
             // in x0..x3, scalars in v0, v1; see codegen-arm) for NEON, the only ISA an
             // AArch64 JIT compiles for, and stays mapped while `self` lives.
             let entry: unsafe extern "C" fn(_, _, _, usize, T, T) =
-                std::mem::transmute::<*const u8, _>(self.exec.entry());
+                std::mem::transmute::<*const u8, _>(self.entry(batch));
             entry(a, b, c, batch, x0, x1);
             Ok(())
         }

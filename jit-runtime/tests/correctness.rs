@@ -4,7 +4,7 @@
 
 mod common;
 
-use smallgemm::{Dtype, GemmSpec, Isa, Jit, Layout, Operand, Scalar, Trans};
+use smallgemm::{Dtype, GemmSpec, Isa, Jit, Layout, Operand, Scalar, Schedule, Trans};
 use smallgemm_ir::reference::SplitMix64;
 
 const ALPHAS: [Scalar; 3] = [Scalar::One, Scalar::MinusOne, Scalar::Runtime];
@@ -236,6 +236,76 @@ fn large_shapes() {
                 2,
             );
             common::check_spec::<f32>(&jit, &spec, 2, seed);
+        }
+    }
+}
+
+/// Kernels that prefetch the next matrices (the variant the runtime runs on batches that
+/// stream from memory) compute the same results: every square size and a fifth of the
+/// rectangular shapes, with all transposes, scalar kinds, padding and gaps.
+fn prefetching(isa: Isa) {
+    let Some(jit) = jit(isa) else { return };
+    let mut seed = 120_000;
+    let shapes = (1..=32)
+        .map(|n| (n, n, n))
+        .chain(rectangular_shapes().into_iter().step_by(5));
+    for (i, shape) in shapes.enumerate() {
+        let (trans, alpha, beta) = (TRANS[i % 4], ALPHAS[i % 3], BETAS[(i / 3) % 3]);
+        let batch = BATCHES[i % BATCHES.len()];
+        for dtype in [Dtype::F64, Dtype::F32] {
+            seed += 1;
+            let spec = padded_spec(dtype, Layout::ColMajor, shape, trans, alpha, beta, i % 3);
+            let planned = smallgemm::generate(&spec, jit.target(), None)
+                .unwrap()
+                .schedule;
+            let s = Schedule {
+                prefetch: true,
+                ..planned
+            };
+            match dtype {
+                Dtype::F64 => common::check_spec_with::<f64>(&jit, &spec, Some(&s), batch, seed),
+                Dtype::F32 => common::check_spec_with::<f32>(&jit, &spec, Some(&s), batch, seed),
+                Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
+            }
+        }
+    }
+}
+
+#[test]
+fn prefetching_kernels_avx512() {
+    prefetching(Isa::Avx512)
+}
+#[test]
+fn prefetching_kernels_avx2() {
+    prefetching(Isa::Avx2)
+}
+
+/// Batches far beyond a core's L2 run the prefetching variant, and it computes the
+/// reference too.
+#[test]
+fn streaming_batches_run_the_prefetching_variant() {
+    let Ok(jit) = Jit::new() else { return };
+    for (n, dtype) in [(16, Dtype::F64), (24, Dtype::F32)] {
+        let spec = padded_spec(
+            dtype,
+            Layout::ColMajor,
+            (n, n, n),
+            (Trans::N, Trans::T),
+            Scalar::Runtime,
+            Scalar::One,
+            1,
+        );
+        let per_matrix = [Operand::A, Operand::B, Operand::C]
+            .map(|o| spec.stride(o) * dtype.size())
+            .iter()
+            .sum::<usize>();
+        let batch = (24 << 20) / per_matrix;
+        let kernel = jit.kernel(&spec).unwrap();
+        assert!(kernel.streams(batch), "{} x {batch}", spec.name());
+        assert!(!kernel.streams(1), "{}", spec.name());
+        match dtype {
+            Dtype::F64 => common::check_spec::<f64>(&jit, &spec, batch, 77),
+            _ => common::check_spec::<f32>(&jit, &spec, batch, 78),
         }
     }
 }

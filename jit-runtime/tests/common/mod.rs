@@ -1,7 +1,7 @@
 //! Shared by the integration tests: run one spec through the JIT and through the Program
 //! interpreter on the same data, check both against the reference and each other.
 
-use smallgemm::{Element, GemmSpec, Jit};
+use smallgemm::{Element, GemmSpec, Jit, Schedule};
 use smallgemm_ir::reference::TestData;
 
 /// The alpha and beta values a spec's kinds call for (arbitrary ones for `Runtime`).
@@ -15,9 +15,22 @@ pub fn scalars(spec: &GemmSpec) -> (f64, f64) {
 /// Runs `spec` on a random batch with the JIT, checks it against the reference and the
 /// sentinels, and checks that the interpreter of the same Program produces the same bits.
 pub fn check_spec<T: Element>(jit: &Jit, spec: &GemmSpec, batch: usize, seed: u64) {
-    let kernel = jit
-        .kernel(spec)
-        .unwrap_or_else(|e| panic!("{}: {e}", spec.name()));
+    check_spec_with::<T>(jit, spec, None, batch, seed)
+}
+
+/// As [`check_spec`], with `schedule` instead of the planner's (or the tuned) one.
+pub fn check_spec_with<T: Element>(
+    jit: &Jit,
+    spec: &GemmSpec,
+    schedule: Option<&Schedule>,
+    batch: usize,
+    seed: u64,
+) {
+    let kernel = match schedule {
+        Some(s) => jit.kernel_with_schedule(spec, s),
+        None => jit.kernel(spec),
+    }
+    .unwrap_or_else(|e| panic!("{}: {e}", spec.name()));
     let (alpha, beta) = scalars(spec);
     let (alpha_t, beta_t) = (T::from_f64(alpha), T::from_f64(beta));
     let mut data = TestData::<T>::new(spec, batch, seed);
