@@ -92,7 +92,9 @@ struct Lowering<'a> {
     regs: RegisterUse,
     elt: i64,
     lanes: usize,
-    tail_mask: Option<Mask>,
+    /// Masks of the tail's vectors (one, or one per piece with `split_tail`): (mask, lanes),
+    /// in the order of the vectors.
+    tail_masks: Vec<(Mask, u32)>,
     /// Masks of partial B vectors (FMA by element), after the tail mask: (mask, lanes).
     b_masks: Vec<(Mask, u32)>,
     b_operand: BOperand,
@@ -128,7 +130,12 @@ pub fn lower(
         regs: schedule.registers(problem, target),
         elt: problem.dtype.size() as i64,
         lanes,
-        tail_mask: (problem.m % lanes != 0).then_some(Mask(0)),
+        tail_masks: schedule
+            .tail_pieces(problem.m % lanes)
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| (Mask(i as u8), n as u32))
+            .collect(),
         b_masks: Vec::new(),
         b_operand: BOperand::of(problem, target),
         gprs: HashMap::new(),
@@ -145,11 +152,12 @@ impl Lowering<'_> {
         let p = self.p;
         let mut setup = Vec::new();
         let mut masks = Vec::new();
-        if let Some(mask) = self.tail_mask {
-            let lanes = (p.m % self.lanes) as u32;
+        for &(mask, lanes) in &self.tail_masks {
+            // Tails that plain moves handle exactly keep no mask in a register.
+            let exact = !self.target.masked_tail(lanes as usize * p.dtype.size());
             let vreg = match self.target.masks() {
-                MaskSupport::VectorRegister => Some(VReg((self.regs.total() - 1) as u8)),
-                MaskSupport::MaskRegisters { .. } | MaskSupport::PartialAccess => None,
+                MaskSupport::VectorRegister if !exact => Some(VReg((self.regs.total() - 1) as u8)),
+                _ => None,
             };
             masks.push(MaskDecl { mask, lanes, vreg });
             setup.push(Op::SetMask { mask, lanes });
@@ -283,9 +291,24 @@ impl Lowering<'_> {
     fn row_block(&self, rows: usize) -> RowBlock {
         RowBlock {
             rows,
-            vectors: rows.div_ceil(self.lanes),
+            vectors: self.s.block_vectors(rows, self.lanes),
             tail: rows % self.lanes != 0,
         }
+    }
+
+    /// Byte offset of vector `v` of a row block from the block's first row.
+    fn vector_offset(&self, rb: RowBlock, v: usize) -> i64 {
+        let full = rb.rows / self.lanes;
+        let lanes = if v <= full {
+            v * self.lanes
+        } else {
+            full * self.lanes
+                + self.tail_masks[..v - full]
+                    .iter()
+                    .map(|&(_, n)| n as usize)
+                    .sum::<usize>()
+        };
+        lanes as i64 * self.elt
     }
 
     /// Repeats `block` over `count` equal blocks: inline with growing offsets, or as a loop
@@ -590,13 +613,12 @@ impl Lowering<'_> {
         cols: usize,
     ) -> Result<(), LowerError> {
         let negate = self.p.alpha == Scalar::MinusOne;
-        let vec_bytes = (self.lanes as i64) * self.elt;
         let a_regs: Vec<VReg> = (0..rb.vectors).map(|v| self.temp(v)).collect();
         let a_reg = |v: usize| a_regs[v];
         for v in 0..rb.vectors {
             out.push(Op::Load {
                 dst: a_reg(v),
-                addr: addr(a.plus(v as i64 * vec_bytes))?,
+                addr: addr(a.plus(self.vector_offset(rb, v)))?,
                 mask: self.mask_for(rb, v),
             });
         }
@@ -605,7 +627,7 @@ impl Lowering<'_> {
             // op(B)[p, j..j + lanes] is one vector: load it once, FMA by each of its lanes.
             for (g, first) in (0..cols).step_by(self.lanes).enumerate() {
                 let n = self.lanes.min(cols - first);
-                let bv = self.temp(self.s.m_vectors + g);
+                let bv = self.temp(self.regs.a_vectors + g);
                 let mask = self.b_mask(n);
                 out.push(Op::Load {
                     dst: bv,
@@ -638,7 +660,7 @@ impl Lowering<'_> {
                     });
                 }
             } else {
-                let bt = self.temp(self.s.m_vectors);
+                let bt = self.temp(self.regs.a_vectors);
                 out.push(Op::Broadcast {
                     dst: bt,
                     addr: b_addr,
@@ -671,12 +693,11 @@ impl Lowering<'_> {
         steps: usize,
     ) -> Result<(), LowerError> {
         let negate = self.p.alpha == Scalar::MinusOne;
-        let vec_bytes = (self.lanes as i64) * self.elt;
         let b_col = self.b_col_bytes();
         let mask = self.b_mask(steps);
         for j in 0..cols {
             out.push(Op::Load {
-                dst: self.temp(self.s.m_vectors + j),
+                dst: self.temp(self.regs.a_vectors + j),
                 addr: addr(b.plus(j as i64 * b_col))?,
                 mask,
             });
@@ -686,7 +707,7 @@ impl Lowering<'_> {
             for v in 0..rb.vectors {
                 out.push(Op::Load {
                     dst: self.temp(v),
-                    addr: addr(a.plus(v as i64 * vec_bytes))?,
+                    addr: addr(a.plus(self.vector_offset(rb, v)))?,
                     mask: self.mask_for(rb, v),
                 });
             }
@@ -695,7 +716,7 @@ impl Lowering<'_> {
                     out.push(Op::FmaLane {
                         acc: self.acc(v, j),
                         a: self.temp(v),
-                        b: self.temp(self.s.m_vectors + j),
+                        b: self.temp(self.regs.a_vectors + j),
                         lane: s as u8,
                         negate,
                     });
@@ -713,23 +734,22 @@ impl Lowering<'_> {
             return None;
         }
         let lanes = lanes as u32;
-        if let Some(tail) = self.tail_mask {
-            if (self.p.m % self.lanes) as u32 == lanes {
-                return Some(tail);
-            }
-        }
-        if let Some(&(mask, _)) = self.b_masks.iter().find(|(_, n)| *n == lanes) {
+        if let Some(&(mask, _)) = self
+            .tail_masks
+            .iter()
+            .chain(&self.b_masks)
+            .find(|(_, n)| *n == lanes)
+        {
             return Some(mask);
         }
-        let mask = Mask(self.tail_mask.is_some() as u8 + self.b_masks.len() as u8);
+        let mask = Mask((self.tail_masks.len() + self.b_masks.len()) as u8);
         self.b_masks.push((mask, lanes));
         Some(mask)
     }
 
     fn mask_for(&self, rb: RowBlock, vector: usize) -> Option<Mask> {
-        (rb.tail && vector + 1 == rb.vectors)
-            .then_some(self.tail_mask)
-            .flatten()
+        let full = rb.rows / self.lanes;
+        (rb.tail && vector >= full).then(|| self.tail_masks[vector - full].0)
     }
 
     /// C = alpha * acc + beta * C for the block, reading and writing each C vector once.
@@ -758,9 +778,9 @@ impl Lowering<'_> {
                 });
             }
         }
-        let vec_bytes = (self.lanes as i64) * self.elt;
         let col_bytes = (self.p.ldc as i64) * self.elt;
-        let at = |v: usize, j: usize| addr(c.plus(v as i64 * vec_bytes + j as i64 * col_bytes));
+        let offsets: Vec<i64> = (0..rb.vectors).map(|v| self.vector_offset(rb, v)).collect();
+        let at = |v: usize, j: usize| addr(c.plus(offsets[v] + j as i64 * col_bytes));
         // A load from C right after a store to the same 64 bytes waits for the store (a
         // masked store blocks forwarding for its whole vector, and tails overlap the next
         // column). When the registers allow, load all of the block's C before storing any.

@@ -2,7 +2,7 @@
 
 use crate::schedule::{BOperand, Schedule};
 use crate::spec::{ColMajorProblem, Scalar, Trans};
-use crate::target::Target;
+use crate::target::{MaskSupport, Target};
 
 /// Operations a fully unrolled kernel may have before the planner turns blocks and then k
 /// into loops: beyond this the code stops fitting the decoded-instruction cache and the
@@ -22,29 +22,43 @@ pub fn plan(problem: &ColMajorProblem, target: Target) -> Schedule {
     // masked lanes, or none.
     for &width in target.vector_widths() {
         let lanes = width / problem.dtype.size();
+        let tail = problem.m % lanes;
+        // Split tails only where a masked one would stall and the split differs from it.
+        let splits: &[bool] = if target.masked_tail(tail * problem.dtype.size())
+            && !tail.is_power_of_two()
+            && target.masks() != MaskSupport::PartialAccess
+        {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        let vector_bytes = if width == target.vector_bytes() {
+            0
+        } else {
+            width
+        };
         let mut best_here: Option<(f64, Schedule)> = None;
-        for m_vectors in 1..=problem.m.div_ceil(lanes) {
-            for n_cols in 1..=problem.n {
-                let s = Schedule {
-                    m_vectors,
-                    n_cols,
-                    k_unroll: 0,
-                    unroll_m_blocks: true,
-                    unroll_n_blocks: true,
-                    batch_unroll: 0,
-                    vector_bytes: if width == target.vector_bytes() {
-                        0
-                    } else {
-                        width
-                    },
-                };
-                if s.validate(problem, target).is_err() {
-                    // Wider blocks only need more registers.
-                    break;
-                }
-                let cost = estimated_cycles(problem, target, &s);
-                if best_here.is_none_or(|(c, _)| cost < c - 1e-9) {
-                    best_here = Some((cost, s));
+        for &split_tail in splits {
+            for m_vectors in 1..=problem.m.div_ceil(lanes) {
+                for n_cols in 1..=problem.n {
+                    let s = Schedule {
+                        m_vectors,
+                        n_cols,
+                        k_unroll: 0,
+                        unroll_m_blocks: true,
+                        unroll_n_blocks: true,
+                        batch_unroll: 0,
+                        split_tail,
+                        vector_bytes,
+                    };
+                    if s.validate(problem, target).is_err() {
+                        // Wider blocks only need more registers.
+                        break;
+                    }
+                    let cost = estimated_cycles(problem, target, &s);
+                    if best_here.is_none_or(|(c, _)| cost < c - 1e-9) {
+                        best_here = Some((cost, s));
+                    }
                 }
             }
         }
@@ -111,7 +125,7 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
     let b_operand = BOperand::of(problem, target);
     let mut cycles = 0.0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
-        let vectors = rows.div_ceil(lanes) as f64;
+        let vectors = s.block_vectors(rows, lanes) as f64;
         for (cols, col_count) in pieces(problem.n, s.n_cols) {
             let b_loads = b_operand.loads_per_step(cols, lanes);
             let cols = cols as f64;
@@ -128,7 +142,7 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
         cycles += (problem.m * problem.k) as f64;
     }
     let tail_bytes = (problem.m % lanes) * problem.dtype.size();
-    if c_reads > 0.0 && tail_bytes != 0 && target.masked_tail(tail_bytes) {
+    if c_reads > 0.0 && !s.split_tail && tail_bytes != 0 && target.masked_tail(tail_bytes) {
         cycles += MASKED_STORE_STALL;
     }
     cycles
@@ -136,7 +150,7 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
 
 /// Cycles a matrix loses when its C has a masked tail and is read: the load of the next
 /// matrix's C waits for the last masked store (see [`Target::masked_tail`]).
-const MASKED_STORE_STALL: f64 = 16.0;
+const MASKED_STORE_STALL: f64 = 12.0;
 
 /// Estimated operations in the lowered program text.
 pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) -> usize {
@@ -151,7 +165,7 @@ pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) ->
     let instances = |count: usize, unroll: bool| if unroll { count } else { count.min(1) };
     let mut ops = 0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
-        let vectors = rows.div_ceil(lanes);
+        let vectors = s.block_vectors(rows, lanes);
         let mut panel = 0;
         if problem.trans_a == Trans::T {
             panel += 2 * rows * steps;

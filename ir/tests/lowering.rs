@@ -124,6 +124,7 @@ fn looped_schedules_compute_the_reference() {
                     unroll_n_blocks: false,
                     vector_bytes: 0,
                     batch_unroll: 0,
+                    split_tail: true,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -133,6 +134,7 @@ fn looped_schedules_compute_the_reference() {
                     unroll_n_blocks: false,
                     vector_bytes: 0,
                     batch_unroll: 3,
+                    split_tail: false,
                 },
                 Schedule {
                     m_vectors: 1,
@@ -142,6 +144,7 @@ fn looped_schedules_compute_the_reference() {
                     unroll_n_blocks: true,
                     vector_bytes: 0,
                     batch_unroll: 16,
+                    split_tail: false,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -151,6 +154,7 @@ fn looped_schedules_compute_the_reference() {
                     unroll_n_blocks: true,
                     vector_bytes: 0,
                     batch_unroll: 2,
+                    split_tail: false,
                 },
             ] {
                 for spec in specs(Dtype::F64, m, n, k) {
