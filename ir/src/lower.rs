@@ -212,14 +212,17 @@ impl Lowering<'_> {
         let mut unrolled = None;
         if unroll >= 2 && strides.iter().all(|s| s.abs() * (unroll as i64) < 1 << 30) {
             let bases = self.bases;
-            let mut ops = Vec::new();
+            let mut matrices = Vec::new();
             for i in 0..unroll as i64 {
                 for (base, stride) in self.bases.iter_mut().zip(strides) {
                     base.offset = i * stride;
                 }
+                let mut ops = Vec::new();
                 self.rows(&mut ops)?;
+                matrices.push(ops);
             }
             self.bases = bases;
+            let mut ops = self.interleave_pairs(matrices, &masks);
             for (reg, bytes) in arrays.into_iter().zip(strides) {
                 if bytes != 0 {
                     ops.push(Op::AddImm {
@@ -269,6 +272,56 @@ impl Lowering<'_> {
             masks,
             ops,
         })
+    }
+
+    /// The matrices of one trip of the batch loop, in pairs whose operations alternate (the
+    /// second of each pair in registers above the first's), so that the out-of-order core
+    /// sees two independent FMA chains side by side. Only for straight-line vector code on
+    /// strided batches (whose C matrices never overlap), with registers for both and no mask
+    /// in a vector register; otherwise one matrix after the other.
+    fn interleave_pairs(&mut self, matrices: Vec<Vec<Op>>, masks: &[MaskDecl]) -> Vec<Op> {
+        let straight = |ops: &[Op]| {
+            ops.iter().all(|op| {
+                matches!(
+                    op,
+                    Op::Zero { .. }
+                        | Op::Load { .. }
+                        | Op::Store { .. }
+                        | Op::Broadcast { .. }
+                        | Op::Fma { .. }
+                        | Op::FmaBroadcast { .. }
+                        | Op::FmaLane { .. }
+                        | Op::Add { .. }
+                        | Op::Sub { .. }
+                        | Op::Mul { .. }
+                )
+            })
+        };
+        let shift = self.vregs_used;
+        let fits = 2 * shift <= self.target.vector_registers();
+        if !self.s.interleave
+            || !fits
+            || self.p.batch_form != BatchForm::Strided
+            || masks.iter().any(|m| m.vreg.is_some())
+            || !matrices.iter().all(|m| straight(m))
+        {
+            return matrices.concat();
+        }
+        self.vregs_used = 2 * shift;
+        let mut out = Vec::new();
+        let mut it = matrices.into_iter();
+        while let Some(first) = it.next() {
+            let Some(second) = it.next() else {
+                out.extend(first);
+                break;
+            };
+            debug_assert_eq!(first.len(), second.len());
+            for (a, b) in first.into_iter().zip(second) {
+                out.push(a);
+                out.push(shift_vregs(b, shift as u8));
+            }
+        }
+        out
     }
 
     fn gpr(&mut self, role: Role) -> Gpr {
@@ -870,6 +923,68 @@ impl Lowering<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// `op` with every vector register `shift` higher.
+fn shift_vregs(op: Op, shift: u8) -> Op {
+    let s = |r: VReg| VReg(r.0 + shift);
+    match op {
+        Op::Zero { dst } => Op::Zero { dst: s(dst) },
+        Op::Load { dst, addr, mask } => Op::Load {
+            dst: s(dst),
+            addr,
+            mask,
+        },
+        Op::Store { addr, src, mask } => Op::Store {
+            addr,
+            src: s(src),
+            mask,
+        },
+        Op::Broadcast { dst, addr } => Op::Broadcast { dst: s(dst), addr },
+        Op::LoadScalar { dst, addr } => Op::LoadScalar { dst: s(dst), addr },
+        Op::StoreScalar { addr, src } => Op::StoreScalar { addr, src: s(src) },
+        Op::Fma { acc, a, b, negate } => Op::Fma {
+            acc: s(acc),
+            a: s(a),
+            b: s(b),
+            negate,
+        },
+        Op::FmaBroadcast { acc, a, b, negate } => Op::FmaBroadcast {
+            acc: s(acc),
+            a: s(a),
+            b,
+            negate,
+        },
+        Op::FmaLane {
+            acc,
+            a,
+            b,
+            lane,
+            negate,
+        } => Op::FmaLane {
+            acc: s(acc),
+            a: s(a),
+            b: s(b),
+            lane,
+            negate,
+        },
+        Op::Add { dst, a, b } => Op::Add {
+            dst: s(dst),
+            a: s(a),
+            b: s(b),
+        },
+        Op::Sub { dst, a, b } => Op::Sub {
+            dst: s(dst),
+            a: s(a),
+            b: s(b),
+        },
+        Op::Mul { dst, a, b } => Op::Mul {
+            dst: s(dst),
+            a: s(a),
+            b: s(b),
+        },
+        other => other,
     }
 }
 

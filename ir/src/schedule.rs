@@ -38,6 +38,11 @@ pub struct Schedule {
     /// vector: more FMAs, but no masked store that stalls the loads of C after it.
     #[serde(default)]
     pub split_tail: bool,
+    /// With several matrices per trip of the batch loop, alternate the operations of each
+    /// pair of them (the second in other registers) where the code allows: two independent
+    /// FMA chains side by side for the out-of-order core.
+    #[serde(default)]
+    pub interleave: bool,
 }
 
 /// The most matrices one trip of the batch loop may do.

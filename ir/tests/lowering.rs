@@ -125,6 +125,7 @@ fn looped_schedules_compute_the_reference() {
                     vector_bytes: 0,
                     batch_unroll: 0,
                     split_tail: true,
+                    interleave: false,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -135,6 +136,7 @@ fn looped_schedules_compute_the_reference() {
                     vector_bytes: 0,
                     batch_unroll: 3,
                     split_tail: false,
+                    interleave: true,
                 },
                 Schedule {
                     m_vectors: 1,
@@ -145,6 +147,7 @@ fn looped_schedules_compute_the_reference() {
                     vector_bytes: 0,
                     batch_unroll: 16,
                     split_tail: false,
+                    interleave: true,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -155,6 +158,7 @@ fn looped_schedules_compute_the_reference() {
                     vector_bytes: 0,
                     batch_unroll: 2,
                     split_tail: false,
+                    interleave: false,
                 },
             ] {
                 for spec in specs(Dtype::F64, m, n, k) {
