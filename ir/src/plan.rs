@@ -87,11 +87,20 @@ pub fn interleave(problem: &ColMajorProblem, s: &Schedule) -> bool {
 /// Operations of the batch loop's body beyond which it does one matrix per trip.
 const BATCH_UNROLL_BODY: usize = 256;
 
+/// Operations of one matrix beyond which the loop overhead is too small a share to pay for
+/// compiling (and caching) the matrix again: from about 6x6x6 on, unrolled trips gained
+/// nothing measurable and doubled the compile time of 8x8x8 (13 to 25-31 µs).
+const BATCH_UNROLL_MATRIX: usize = 64;
+
 /// Matrices per trip of the batch loop: as many (up to 8) as keep the body within
 /// [`BATCH_UNROLL_BODY`] operations, so that the loop's 5 or so instructions of pointer
-/// increments and branch stop dominating tiny matrices.
+/// increments and branch stop dominating tiny matrices; one for matrices of more than
+/// [`BATCH_UNROLL_MATRIX`] operations.
 pub fn batch_unroll(problem: &ColMajorProblem, target: Target, s: &Schedule) -> usize {
     let ops = estimated_ops(problem, target, s).max(1);
+    if ops > BATCH_UNROLL_MATRIX {
+        return 0;
+    }
     [8, 4, 2]
         .into_iter()
         .find(|u| u * ops <= BATCH_UNROLL_BODY)
