@@ -194,8 +194,17 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
     let problem = spec.col_major();
     let planned = smallgemm_ir::plan(&problem, target);
     let mut space = Vec::new();
-    for &width in target.vector_widths() {
+    for (&width, split_tail) in target
+        .vector_widths()
+        .iter()
+        .flat_map(|w| [(w, false), (w, true)])
+    {
         let lanes = width / problem.dtype.size();
+        let tail = problem.m % lanes;
+        if split_tail && (tail == 0 || tail.is_power_of_two()) {
+            // The split would be the same vectors.
+            continue;
+        }
         for m_vectors in 1..=problem.m.div_ceil(lanes) {
             for n_cols in 1..=problem.n {
                 // The planner's schedule with this width and block, fully unrolled to start
@@ -206,6 +215,7 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
                 } else {
                     width
                 };
+                s.split_tail = split_tail;
                 s.m_vectors = m_vectors;
                 s.n_cols = n_cols;
                 s.k_unroll = 0;
@@ -216,6 +226,7 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
                 }
                 choose_unrolling(&problem, target, &mut s);
                 s.batch_unroll = smallgemm_ir::batch_unroll(&problem, target, &s);
+                s.interleave = smallgemm_ir::interleave(&problem, &s);
                 space.push(s);
                 if problem.k >= 16 && estimated_ops(&problem, target, &s) > UNROLL_BUDGET / 4 {
                     for u in [4, 8] {

@@ -328,12 +328,12 @@ impl<'a> Emitter<'a> {
 
     /// The plain move that loads or stores exactly the lanes `mask` enables, if one exists.
     fn exact_move(&self, store: bool, reg: u8, mask: smallgemm_ir::Mask) -> Option<VForm> {
-        let lanes = self.program.masks.iter().find(|d| d.mask == mask)?.lanes as usize;
-        let dtype = self.program.dtype;
-        let bytes = lanes * dtype.size();
-        if bytes >= self.program.lanes * dtype.size() {
+        let lanes = self.program.masks.iter().find(|d| d.mask == mask)?.lanes;
+        if !exact_tail(self.program, lanes) {
             return None;
         }
+        let dtype = self.program.dtype;
+        let bytes = lanes as usize * dtype.size();
         let evex = reg >= 16;
         Some(match (bytes, store, evex) {
             (4, false, false) => enc::VEX_VMOVSS_XMM_M32,
@@ -440,6 +440,8 @@ impl<'a> Emitter<'a> {
                 let (dst, a, b) = (self.v(dst)?, self.v(a)?, self.v(b)?);
                 self.vec(mul, dst, a, Rm::Reg(b));
             }
+            // Tails that plain moves load and store exactly need no mask (`exact_move`).
+            Op::SetMask { lanes, .. } if exact_tail(self.program, lanes) => {}
             Op::SetMask { mask, lanes } => match self.isa {
                 Isa::Avx512 => {
                     let k = opmask(mask.0)?;
@@ -575,6 +577,14 @@ impl<'a> Emitter<'a> {
         }
         Ok(())
     }
+}
+
+/// Whether `lanes` lanes (fewer than a vector) are 4, 8, 16 or 32 bytes: a plain move
+/// loads or stores them exactly, with no mask.
+pub(crate) fn exact_tail(program: &Program, lanes: u32) -> bool {
+    let elt = program.dtype.size();
+    let bytes = lanes as usize * elt;
+    bytes < program.lanes * elt && matches!(bytes, 4 | 8 | 16 | 32)
 }
 
 /// Operations in `ops`, loop bodies included once.

@@ -560,6 +560,7 @@ impl<'a> Emitter<'a> {
                 self.v(a)?,
                 self.v(b)?,
             )?)?,
+            Op::SetMask { lanes, .. } if crate::emit::exact_tail(self.program, lanes) => {}
             Op::SetMask { mask, lanes } => match self.isa {
                 Isa::Avx512 => {
                     let bits = ((1u32 << lanes) - 1) as i32;

@@ -92,7 +92,9 @@ struct Lowering<'a> {
     regs: RegisterUse,
     elt: i64,
     lanes: usize,
-    tail_mask: Option<Mask>,
+    /// Masks of the tail's vectors (one, or one per piece with `split_tail`): (mask, lanes),
+    /// in the order of the vectors.
+    tail_masks: Vec<(Mask, u32)>,
     /// Masks of partial B vectors (FMA by element), after the tail mask: (mask, lanes).
     b_masks: Vec<(Mask, u32)>,
     b_operand: BOperand,
@@ -128,7 +130,12 @@ pub fn lower(
         regs: schedule.registers(problem, target),
         elt: problem.dtype.size() as i64,
         lanes,
-        tail_mask: (problem.m % lanes != 0).then_some(Mask(0)),
+        tail_masks: schedule
+            .tail_pieces(problem.m % lanes)
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| (Mask(i as u8), n as u32))
+            .collect(),
         b_masks: Vec::new(),
         b_operand: BOperand::of(problem, target, schedule.m_vectors),
         gprs: HashMap::new(),
@@ -149,11 +156,12 @@ impl Lowering<'_> {
         let p = self.p;
         let mut setup = Vec::new();
         let mut masks = Vec::new();
-        if let Some(mask) = self.tail_mask {
-            let lanes = (p.m % self.lanes) as u32;
+        for &(mask, lanes) in &self.tail_masks {
+            // Tails that plain moves handle exactly keep no mask in a register.
+            let exact = !self.target.masked_tail(lanes as usize * p.dtype.size());
             let vreg = match self.target.masks() {
-                MaskSupport::VectorRegister => Some(VReg((self.regs.total() - 1) as u8)),
-                MaskSupport::MaskRegisters { .. } | MaskSupport::PartialAccess => None,
+                MaskSupport::VectorRegister if !exact => Some(VReg((self.regs.total() - 1) as u8)),
+                _ => None,
             };
             masks.push(MaskDecl { mask, lanes, vreg });
             setup.push(Op::SetMask { mask, lanes });
@@ -208,14 +216,17 @@ impl Lowering<'_> {
         let mut unrolled = None;
         if unroll >= 2 && strides.iter().all(|s| s.abs() * (unroll as i64) < 1 << 30) {
             let bases = self.bases;
-            let mut ops = Vec::new();
+            let mut matrices = Vec::new();
             for i in 0..unroll as i64 {
                 for (base, stride) in self.bases.iter_mut().zip(strides) {
                     base.offset = i * stride;
                 }
+                let mut ops = Vec::new();
                 self.rows(&mut ops)?;
+                matrices.push(ops);
             }
             self.bases = bases;
+            let mut ops = self.interleave_pairs(matrices, &masks);
             for (reg, bytes) in arrays.into_iter().zip(strides) {
                 if bytes != 0 {
                     ops.push(Op::AddImm {
@@ -267,6 +278,56 @@ impl Lowering<'_> {
         })
     }
 
+    /// The matrices of one trip of the batch loop, in pairs whose operations alternate (the
+    /// second of each pair in registers above the first's), so that the out-of-order core
+    /// sees two independent FMA chains side by side. Only for straight-line vector code on
+    /// strided batches (whose C matrices never overlap), with registers for both and no mask
+    /// in a vector register; otherwise one matrix after the other.
+    fn interleave_pairs(&mut self, matrices: Vec<Vec<Op>>, masks: &[MaskDecl]) -> Vec<Op> {
+        let straight = |ops: &[Op]| {
+            ops.iter().all(|op| {
+                matches!(
+                    op,
+                    Op::Zero { .. }
+                        | Op::Load { .. }
+                        | Op::Store { .. }
+                        | Op::Broadcast { .. }
+                        | Op::Fma { .. }
+                        | Op::FmaBroadcast { .. }
+                        | Op::FmaLane { .. }
+                        | Op::Add { .. }
+                        | Op::Sub { .. }
+                        | Op::Mul { .. }
+                )
+            })
+        };
+        let shift = self.vregs_used;
+        let fits = 2 * shift <= self.target.vector_registers();
+        if !self.s.interleave
+            || !fits
+            || self.p.batch_form != BatchForm::Strided
+            || masks.iter().any(|m| m.vreg.is_some())
+            || !matrices.iter().all(|m| straight(m))
+        {
+            return matrices.concat();
+        }
+        self.vregs_used = 2 * shift;
+        let mut out = Vec::new();
+        let mut it = matrices.into_iter();
+        while let Some(first) = it.next() {
+            let Some(second) = it.next() else {
+                out.extend(first);
+                break;
+            };
+            debug_assert_eq!(first.len(), second.len());
+            for (a, b) in first.into_iter().zip(second) {
+                out.push(a);
+                out.push(shift_vregs(b, shift as u8));
+            }
+        }
+        out
+    }
+
     fn gpr(&mut self, role: Role) -> Gpr {
         let next = &mut self.next_gpr;
         *self.gprs.entry(role).or_insert_with(|| {
@@ -287,9 +348,24 @@ impl Lowering<'_> {
     fn row_block(&self, rows: usize) -> RowBlock {
         RowBlock {
             rows,
-            vectors: rows.div_ceil(self.lanes),
+            vectors: self.s.block_vectors(rows, self.lanes),
             tail: rows % self.lanes != 0,
         }
+    }
+
+    /// Byte offset of vector `v` of a row block from the block's first row.
+    fn vector_offset(&self, rb: RowBlock, v: usize) -> i64 {
+        let full = rb.rows / self.lanes;
+        let lanes = if v <= full {
+            v * self.lanes
+        } else {
+            full * self.lanes
+                + self.tail_masks[..v - full]
+                    .iter()
+                    .map(|&(_, n)| n as usize)
+                    .sum::<usize>()
+        };
+        lanes as i64 * self.elt
     }
 
     /// Repeats `block` over `count` equal blocks: inline with growing offsets, or as a loop
@@ -594,13 +670,12 @@ impl Lowering<'_> {
         cols: usize,
     ) -> Result<(), LowerError> {
         let negate = self.p.alpha == Scalar::MinusOne;
-        let vec_bytes = (self.lanes as i64) * self.elt;
         let a_regs: Vec<VReg> = (0..rb.vectors).map(|v| self.temp(v)).collect();
         let a_reg = |v: usize| a_regs[v];
         for v in 0..rb.vectors {
             out.push(Op::Load {
                 dst: a_reg(v),
-                addr: addr(a.plus(v as i64 * vec_bytes))?,
+                addr: addr(a.plus(self.vector_offset(rb, v)))?,
                 mask: self.mask_for(rb, v),
             });
         }
@@ -609,7 +684,7 @@ impl Lowering<'_> {
             // op(B)[p, j..j + lanes] is one vector: load it once, FMA by each of its lanes.
             for (g, first) in (0..cols).step_by(self.lanes).enumerate() {
                 let n = self.lanes.min(cols - first);
-                let bv = self.temp(self.s.m_vectors + g);
+                let bv = self.temp(self.regs.a_vectors + g);
                 let mask = self.b_mask(n);
                 out.push(Op::Load {
                     dst: bv,
@@ -642,7 +717,7 @@ impl Lowering<'_> {
                     });
                 }
             } else {
-                let bt = self.temp(self.s.m_vectors);
+                let bt = self.temp(self.regs.a_vectors);
                 out.push(Op::Broadcast {
                     dst: bt,
                     addr: b_addr,
@@ -675,12 +750,11 @@ impl Lowering<'_> {
         steps: usize,
     ) -> Result<(), LowerError> {
         let negate = self.p.alpha == Scalar::MinusOne;
-        let vec_bytes = (self.lanes as i64) * self.elt;
         let b_col = self.b_col_bytes();
         let mask = self.b_mask(steps);
         for j in 0..cols {
             out.push(Op::Load {
-                dst: self.temp(self.s.m_vectors + j),
+                dst: self.temp(self.regs.a_vectors + j),
                 addr: addr(b.plus(j as i64 * b_col))?,
                 mask,
             });
@@ -690,7 +764,7 @@ impl Lowering<'_> {
             for v in 0..rb.vectors {
                 out.push(Op::Load {
                     dst: self.temp(v),
-                    addr: addr(a.plus(v as i64 * vec_bytes))?,
+                    addr: addr(a.plus(self.vector_offset(rb, v)))?,
                     mask: self.mask_for(rb, v),
                 });
             }
@@ -699,7 +773,7 @@ impl Lowering<'_> {
                     out.push(Op::FmaLane {
                         acc: self.acc(v, j),
                         a: self.temp(v),
-                        b: self.temp(self.s.m_vectors + j),
+                        b: self.temp(self.regs.a_vectors + j),
                         lane: s as u8,
                         negate,
                     });
@@ -717,23 +791,22 @@ impl Lowering<'_> {
             return None;
         }
         let lanes = lanes as u32;
-        if let Some(tail) = self.tail_mask {
-            if (self.p.m % self.lanes) as u32 == lanes {
-                return Some(tail);
-            }
-        }
-        if let Some(&(mask, _)) = self.b_masks.iter().find(|(_, n)| *n == lanes) {
+        if let Some(&(mask, _)) = self
+            .tail_masks
+            .iter()
+            .chain(&self.b_masks)
+            .find(|(_, n)| *n == lanes)
+        {
             return Some(mask);
         }
-        let mask = Mask(self.tail_mask.is_some() as u8 + self.b_masks.len() as u8);
+        let mask = Mask((self.tail_masks.len() + self.b_masks.len()) as u8);
         self.b_masks.push((mask, lanes));
         Some(mask)
     }
 
     fn mask_for(&self, rb: RowBlock, vector: usize) -> Option<Mask> {
-        (rb.tail && vector + 1 == rb.vectors)
-            .then_some(self.tail_mask)
-            .flatten()
+        let full = rb.rows / self.lanes;
+        (rb.tail && vector >= full).then(|| self.tail_masks[vector - full].0)
     }
 
     /// C = alpha * acc + beta * C for the block, reading and writing each C vector once.
@@ -762,9 +835,9 @@ impl Lowering<'_> {
                 });
             }
         }
-        let vec_bytes = (self.lanes as i64) * self.elt;
         let col_bytes = (self.p.ldc as i64) * self.elt;
-        let at = |v: usize, j: usize| addr(c.plus(v as i64 * vec_bytes + j as i64 * col_bytes));
+        let offsets: Vec<i64> = (0..rb.vectors).map(|v| self.vector_offset(rb, v)).collect();
+        let at = |v: usize, j: usize| addr(c.plus(offsets[v] + j as i64 * col_bytes));
         // A load from C right after a store to the same 64 bytes waits for the store (a
         // masked store blocks forwarding for its whole vector, and tails overlap the next
         // column). When the registers allow, load all of the block's C before storing any.
@@ -854,6 +927,68 @@ impl Lowering<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// `op` with every vector register `shift` higher.
+fn shift_vregs(op: Op, shift: u8) -> Op {
+    let s = |r: VReg| VReg(r.0 + shift);
+    match op {
+        Op::Zero { dst } => Op::Zero { dst: s(dst) },
+        Op::Load { dst, addr, mask } => Op::Load {
+            dst: s(dst),
+            addr,
+            mask,
+        },
+        Op::Store { addr, src, mask } => Op::Store {
+            addr,
+            src: s(src),
+            mask,
+        },
+        Op::Broadcast { dst, addr } => Op::Broadcast { dst: s(dst), addr },
+        Op::LoadScalar { dst, addr } => Op::LoadScalar { dst: s(dst), addr },
+        Op::StoreScalar { addr, src } => Op::StoreScalar { addr, src: s(src) },
+        Op::Fma { acc, a, b, negate } => Op::Fma {
+            acc: s(acc),
+            a: s(a),
+            b: s(b),
+            negate,
+        },
+        Op::FmaBroadcast { acc, a, b, negate } => Op::FmaBroadcast {
+            acc: s(acc),
+            a: s(a),
+            b,
+            negate,
+        },
+        Op::FmaLane {
+            acc,
+            a,
+            b,
+            lane,
+            negate,
+        } => Op::FmaLane {
+            acc: s(acc),
+            a: s(a),
+            b: s(b),
+            lane,
+            negate,
+        },
+        Op::Add { dst, a, b } => Op::Add {
+            dst: s(dst),
+            a: s(a),
+            b: s(b),
+        },
+        Op::Sub { dst, a, b } => Op::Sub {
+            dst: s(dst),
+            a: s(a),
+            b: s(b),
+        },
+        Op::Mul { dst, a, b } => Op::Mul {
+            dst: s(dst),
+            a: s(a),
+            b: s(b),
+        },
+        other => other,
     }
 }
 

@@ -2,7 +2,7 @@
 
 use crate::schedule::{BOperand, Schedule};
 use crate::spec::{BatchForm, ColMajorProblem, Scalar, Trans};
-use crate::target::{Isa, Target};
+use crate::target::{Isa, MaskSupport, Target};
 
 /// Operations a fully unrolled kernel may have before the planner turns blocks and then k
 /// into loops. Beyond this the code stops fitting the decoded-instruction cache, and
@@ -24,42 +24,58 @@ pub fn plan(problem: &ColMajorProblem, target: Target) -> Schedule {
     // masked lanes, or none.
     for &width in target.vector_widths() {
         let lanes = width / problem.dtype.size();
+        let tail = problem.m % lanes;
+        // Split tails only where a masked one would stall and the split differs from it.
+        let splits: &[bool] = if target.masked_tail(tail * problem.dtype.size())
+            && !tail.is_power_of_two()
+            && target.masks() != MaskSupport::PartialAccess
+        {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        let vector_bytes = if width == target.vector_bytes() {
+            0
+        } else {
+            width
+        };
         let mut best_here: Option<(f64, Schedule)> = None;
-        for m_vectors in 1..=problem.m.div_ceil(lanes) {
-            for n_cols in 1..=problem.n {
-                let s = Schedule {
-                    m_vectors,
-                    n_cols,
-                    k_unroll: 0,
-                    unroll_m_blocks: true,
-                    unroll_n_blocks: true,
-                    batch_unroll: 0,
-                    prefetch: false,
-                    vector_bytes: if width == target.vector_bytes() {
-                        0
-                    } else {
-                        width
-                    },
-                };
-                if s.validate(problem, target).is_err() {
-                    // Wider blocks only need more registers.
-                    break;
-                }
-                let cost = estimated_cycles(problem, target, &s);
-                // Among blocks of equal cycles, the one that loads A and B least, then the
-                // larger one (the tuner found 2x10 blocks 11% faster than the 2x4 that the
-                // model ties them with at 16x16x16).
-                let key =
-                    |s: &Schedule| (estimated_loads(problem, target, s), s.m_vectors * s.n_cols);
-                if best_here.is_none_or(|(c, b)| {
-                    cost < c - 1e-9
-                        || (cost < c + 1e-9 && {
-                            let ((loads, acc), (best_loads, best_acc)) = (key(&s), key(&b));
-                            loads < best_loads - 1e-9
-                                || (loads < best_loads + 1e-9 && acc > best_acc)
-                        })
-                }) {
-                    best_here = Some((cost, s));
+        for &split_tail in splits {
+            for m_vectors in 1..=problem.m.div_ceil(lanes) {
+                for n_cols in 1..=problem.n {
+                    let s = Schedule {
+                        m_vectors,
+                        n_cols,
+                        k_unroll: 0,
+                        unroll_m_blocks: true,
+                        unroll_n_blocks: true,
+                        batch_unroll: 0,
+                        split_tail,
+                        interleave: false,
+                        prefetch: false,
+                        vector_bytes,
+                    };
+                    if s.validate(problem, target).is_err() {
+                        // Wider blocks only need more registers.
+                        break;
+                    }
+                    let cost = estimated_cycles(problem, target, &s);
+                    // Among blocks of equal cycles, the one that loads A and B least, then
+                    // the larger one (the tuner found 2x10 blocks 11% faster than the 2x4
+                    // that the model ties them with at 16x16x16).
+                    let key = |s: &Schedule| {
+                        (estimated_loads(problem, target, s), s.m_vectors * s.n_cols)
+                    };
+                    if best_here.is_none_or(|(c, b)| {
+                        cost < c - 1e-9
+                            || (cost < c + 1e-9 && {
+                                let ((loads, acc), (best_loads, best_acc)) = (key(&s), key(&b));
+                                loads < best_loads - 1e-9
+                                    || (loads < best_loads + 1e-9 && acc > best_acc)
+                            })
+                    }) {
+                        best_here = Some((cost, s));
+                    }
                 }
             }
         }
@@ -72,6 +88,7 @@ pub fn plan(problem: &ColMajorProblem, target: Target) -> Schedule {
     let (_, mut s) = best.expect("a 1x1 register block always fits");
     choose_unrolling(problem, target, &mut s);
     s.batch_unroll = batch_unroll(problem, target, &s);
+    s.interleave = interleave(problem, &s);
     s
 }
 
@@ -106,14 +123,31 @@ pub fn prefetch_pays(problem: &ColMajorProblem, target: Target) -> bool {
         && bytes >= PREFETCH_MIN_BYTES
 }
 
+/// Whether to alternate the operations of pairs of matrices in a trip of the batch loop:
+/// measured to help from 4x4 C up (5x5x5: 0.56-0.88x MKL JIT without, 0.84-1.17x with) and
+/// to hurt the 2x2 and 3x3 f64 kernels, whose 8 or 4 matrices per trip already keep the core
+/// busy.
+pub fn interleave(problem: &ColMajorProblem, s: &Schedule) -> bool {
+    s.batch_unroll >= 2 && problem.m * problem.n >= 16
+}
+
 /// Operations of the batch loop's body beyond which it does one matrix per trip.
 const BATCH_UNROLL_BODY: usize = 256;
 
+/// Operations of one matrix beyond which the loop overhead is too small a share to pay for
+/// compiling (and caching) the matrix again: from about 6x6x6 on, unrolled trips gained
+/// nothing measurable and doubled the compile time of 8x8x8 (13 to 25-31 µs).
+const BATCH_UNROLL_MATRIX: usize = 64;
+
 /// Matrices per trip of the batch loop: as many (up to 8) as keep the body within
 /// [`BATCH_UNROLL_BODY`] operations, so that the loop's 5 or so instructions of pointer
-/// increments and branch stop dominating tiny matrices.
+/// increments and branch stop dominating tiny matrices; one for matrices of more than
+/// [`BATCH_UNROLL_MATRIX`] operations.
 pub fn batch_unroll(problem: &ColMajorProblem, target: Target, s: &Schedule) -> usize {
     let ops = estimated_ops(problem, target, s).max(1);
+    if ops > BATCH_UNROLL_MATRIX {
+        return 0;
+    }
     [8, 4, 2]
         .into_iter()
         .find(|u| u * ops <= BATCH_UNROLL_BODY)
@@ -157,7 +191,7 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
     let b_operand = BOperand::of(problem, target, s.m_vectors);
     let mut cycles = 0.0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
-        let vectors = rows.div_ceil(lanes) as f64;
+        let vectors = s.block_vectors(rows, lanes) as f64;
         for (cols, col_count) in pieces(problem.n, s.n_cols) {
             let b_loads = b_operand.loads_per_step(cols, lanes);
             let cols = cols as f64;
@@ -174,7 +208,7 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
         cycles += (problem.m * problem.k) as f64;
     }
     let tail_bytes = (problem.m % lanes) * problem.dtype.size();
-    if c_reads > 0.0 && tail_bytes != 0 && target.masked_tail(tail_bytes) {
+    if c_reads > 0.0 && !s.split_tail && tail_bytes != 0 && target.masked_tail(tail_bytes) {
         cycles += MASKED_STORE_STALL;
     }
     cycles
@@ -186,7 +220,7 @@ fn estimated_loads(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f
     let b_operand = BOperand::of(problem, target, s.m_vectors);
     let mut loads = 0.0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
-        let vectors = rows.div_ceil(lanes) as f64;
+        let vectors = s.block_vectors(rows, lanes) as f64;
         for (cols, col_count) in pieces(problem.n, s.n_cols) {
             let per_step = vectors + b_operand.loads_per_step(cols, lanes);
             loads += (row_count * col_count) as f64 * problem.k as f64 * per_step;
@@ -197,7 +231,7 @@ fn estimated_loads(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f
 
 /// Cycles a matrix loses when its C has a masked tail and is read: the load of the next
 /// matrix's C waits for the last masked store (see [`Target::masked_tail`]).
-const MASKED_STORE_STALL: f64 = 16.0;
+const MASKED_STORE_STALL: f64 = 12.0;
 
 /// Estimated operations in the lowered program text.
 pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) -> usize {
@@ -212,7 +246,7 @@ pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) ->
     let instances = |count: usize, unroll: bool| if unroll { count } else { count.min(1) };
     let mut ops = 0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
-        let vectors = rows.div_ceil(lanes);
+        let vectors = s.block_vectors(rows, lanes);
         let mut panel = 0;
         if problem.trans_a == Trans::T {
             panel += 2 * rows * steps;

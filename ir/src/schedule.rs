@@ -37,6 +37,16 @@ pub struct Schedule {
     /// line of the current ones (strided batches on x86; see `prefetch.rs`).
     #[serde(default)]
     pub prefetch: bool,
+    /// Split the tail of m (m mod lanes rows) into vectors of 1, 2, 4, 8 lanes that plain
+    /// moves load and store exactly (x86: vmovss, vmovsd, xmm, ymm) instead of one masked
+    /// vector: more FMAs, but no masked store that stalls the loads of C after it.
+    #[serde(default)]
+    pub split_tail: bool,
+    /// With several matrices per trip of the batch loop, alternate the operations of each
+    /// pair of them (the second in other registers) where the code allows: two independent
+    /// FMA chains side by side for the out-of-order core.
+    #[serde(default)]
+    pub interleave: bool,
 }
 
 /// The most matrices one trip of the batch loop may do.
@@ -51,6 +61,8 @@ fn yes() -> bool {
 pub enum ScheduleError {
     #[error("a register block needs at least one vector and one column")]
     EmptyBlock,
+    #[error("{0} loads and stores tails exactly already: no split tails")]
+    SplitTail(Target),
     #[error("at most {MAX_BATCH_UNROLL} matrices per trip of the batch loop, not {0}")]
     BatchUnroll(usize),
     #[error("{target} has no {bytes}-byte vectors")]
@@ -160,17 +172,48 @@ impl Schedule {
         self.vector_width(target) / dtype.size()
     }
 
+    /// Lanes of the vectors that hold the last `tail` (< lanes) rows of a row block: one
+    /// masked vector, or with `split_tail` one vector per power of two, largest first.
+    pub fn tail_pieces(&self, tail: usize) -> Vec<usize> {
+        if tail == 0 {
+            Vec::new()
+        } else if self.split_tail {
+            (0..usize::BITS)
+                .rev()
+                .map(|b| 1 << b)
+                .filter(|bit| tail & bit != 0)
+                .collect()
+        } else {
+            vec![tail]
+        }
+    }
+
+    /// Vector registers that hold `rows` rows of a register block.
+    pub fn block_vectors(&self, rows: usize, lanes: usize) -> usize {
+        rows / lanes + self.tail_pieces(rows % lanes).len()
+    }
+
+    /// The most vectors any row block of `problem` has.
+    fn max_block_vectors(&self, problem: &ColMajorProblem, lanes: usize) -> usize {
+        let rem = problem.m % (self.m_vectors * lanes);
+        self.m_vectors.max(self.block_vectors(rem, lanes))
+    }
+
     /// Register use of this schedule for `problem` on `target`.
     pub fn registers(&self, problem: &ColMajorProblem, target: Target) -> RegisterUse {
         let lanes = self.lanes(target, problem.dtype);
-        let has_tail = problem.m % lanes != 0;
+        let tail_bytes = (problem.m % lanes) * problem.dtype.size();
+        let vectors = self.max_block_vectors(problem, lanes);
         RegisterUse {
-            accumulators: self.m_vectors * self.n_cols,
-            a_vectors: self.m_vectors,
+            accumulators: vectors * self.n_cols,
+            a_vectors: vectors,
             broadcast: BOperand::of(problem, target, self.m_vectors).registers(self.n_cols, lanes),
             epilogue: epilogue_temporaries(problem.alpha, problem.beta),
             masks: match target.masks() {
-                MaskSupport::VectorRegister => has_tail as usize,
+                // Tails that plain moves handle need no mask register.
+                MaskSupport::VectorRegister => {
+                    (!self.split_tail && tail_bytes != 0 && target.masked_tail(tail_bytes)) as usize
+                }
                 MaskSupport::MaskRegisters { .. } | MaskSupport::PartialAccess => 0,
             },
         }
@@ -180,6 +223,9 @@ impl Schedule {
     pub fn validate(&self, problem: &ColMajorProblem, target: Target) -> Result<(), ScheduleError> {
         if self.m_vectors == 0 || self.n_cols == 0 {
             return Err(ScheduleError::EmptyBlock);
+        }
+        if self.split_tail && target.masks() == MaskSupport::PartialAccess {
+            return Err(ScheduleError::SplitTail(target));
         }
         if self.batch_unroll > MAX_BATCH_UNROLL {
             return Err(ScheduleError::BatchUnroll(self.batch_unroll));

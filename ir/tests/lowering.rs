@@ -125,6 +125,8 @@ fn looped_schedules_compute_the_reference() {
                     vector_bytes: 0,
                     batch_unroll: 0,
                     prefetch: false,
+                    split_tail: true,
+                    interleave: false,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -135,6 +137,8 @@ fn looped_schedules_compute_the_reference() {
                     vector_bytes: 0,
                     batch_unroll: 3,
                     prefetch: true,
+                    split_tail: false,
+                    interleave: true,
                 },
                 Schedule {
                     m_vectors: 1,
@@ -145,6 +149,8 @@ fn looped_schedules_compute_the_reference() {
                     vector_bytes: 0,
                     batch_unroll: 16,
                     prefetch: false,
+                    split_tail: false,
+                    interleave: true,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -155,6 +161,8 @@ fn looped_schedules_compute_the_reference() {
                     vector_bytes: 0,
                     batch_unroll: 2,
                     prefetch: true,
+                    split_tail: false,
+                    interleave: false,
                 },
             ] {
                 for spec in specs(Dtype::F64, m, n, k) {

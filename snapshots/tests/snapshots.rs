@@ -83,7 +83,9 @@ fn avx512_has_zmm_fmas_and_opmasks_on_tails() {
         &generate(&spec, Target::AVX512, None).unwrap().code,
     );
     assert!(text.contains("vfmadd231pd zmm"), "{text}");
-    assert!(text.contains("{k1}"), "{text}");
+    // C is read (run-time beta), so the planner splits the 5-row tail into 4 + 1 rows that
+    // plain moves store exactly rather than store it through {k1}.
+    assert!(text.contains("vmovsd") && !text.contains("{k1}"), "{text}");
     let text = listing(
         Isa::Avx2,
         &generate(&spec, Target::AVX2, None).unwrap().code,
