@@ -12,7 +12,7 @@ use smallgemm::cuda::bench::{self, BenchConfig, Report};
 use smallgemm::cuda::{self, f16, BatchKind, Gpu, GpuElement};
 use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 use smallgemm_ir::reference::SplitMix64;
-use smallgemm_ir::{Accumulate, GpuSchedule, GpuTarget, MmaShape, Sm};
+use smallgemm_ir::{Accumulate, GpuSchedule, GpuTarget, MmaShape, Sm, Staging};
 
 /// Whether `args` (without the program name) is a GPU invocation; if so, runs it.
 pub fn dispatch(args: &[String]) -> Option<Result<ExitCode, String>> {
@@ -446,6 +446,9 @@ struct TuneArgs {
     sizes: Option<Vec<usize>>,
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Tune the variable-size batch (sizes uniform in 1..=32) instead of square sizes.
+    #[arg(long)]
+    variable: bool,
     /// The tuning database (JSON) the winners are merged into.
     #[arg(long, default_value = "gpu-tuning.json")]
     db: PathBuf,
@@ -458,7 +461,12 @@ struct TuneArgs {
 pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
     let p = spec.col_major();
     let mut out = Vec::new();
-    for (rm, rn) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4)] {
+    for (rm, rn, stage) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4)]
+        .into_iter()
+        .flat_map(|(rm, rn)| {
+            [Staging::Padded, Staging::Flat, Staging::FlatC].map(move |st| (rm, rn, st))
+        })
+    {
         for threads in [64u32, 128, 256, 512, 1024] {
             let mut s = GpuSchedule {
                 rm,
@@ -467,6 +475,7 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
                 mma: None,
                 warps: 1,
                 accumulate: Accumulate::F32,
+                stage,
             };
             let tpp = s.fma_threads(&p);
             s.tba = (threads / tpp).max(1);
@@ -489,6 +498,7 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
                     mma: Some(MmaShape::M16N8K16),
                     warps,
                     accumulate: Accumulate::F32,
+                    stage: Staging::Padded,
                 };
                 if s.validate(&p, target).is_ok() && warps * tba <= 16 {
                     out.push(s);
@@ -510,6 +520,43 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
+    if args.variable {
+        for d in dtypes {
+            let spec = GemmSpec::builder(d, 32, 32, 32)
+                .alpha(Scalar::fixed(1.5).map_err(|e| e.to_string())?)
+                .beta(Scalar::fixed(0.5).map_err(|e| e.to_string())?)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let mut best: Option<(f64, GpuSchedule)> = None;
+            let mut line = format!("{} variable 1..32:", d.name());
+            let bw = bench::copy_bandwidth(&gpu, 256 << 20, 5).map_err(|e| e.to_string())?;
+            for s in candidates(&spec, gpu.target())
+                .into_iter()
+                .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
+            {
+                match probe.time_variable(&gpu, d, &s, args.reps) {
+                    Ok(row) => {
+                        let frac = row.ours_fraction(bw);
+                        line.push_str(&format!(" [{}]={:.0}%", short(&s), 100.0 * frac));
+                        if best.is_none_or(|(b, _)| frac > b) {
+                            best = Some((frac, s));
+                        }
+                    }
+                    Err(e) => line.push_str(&format!(" [{}]=error({e})", short(&s))),
+                }
+            }
+            println!("{line}");
+            if let Some((frac, s)) = best {
+                println!("  best {} at {:.1}% of the bound", short(&s), 100.0 * frac);
+                let key = format!("gpu/{}/vbatch/{}", gpu.target().sm, d.name());
+                db.insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
+            }
+        }
+        let text = serde_json::to_string_pretty(&db).map_err(|e| e.to_string())?;
+        std::fs::write(&args.db, text)
+            .map_err(|e| format!("cannot write {}: {e}", args.db.display()))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     for d in dtypes {
         let sizes = args.sizes.clone().unwrap_or_else(|| match d {
             Dtype::F16 => (2..=128).step_by(2).collect(),
@@ -553,6 +600,16 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
 fn short(s: &GpuSchedule) -> String {
     match s.mma {
         Some(_) => format!("mma w{} tba{}", s.warps, s.tba),
-        None => format!("r{}x{} tba{}", s.rm, s.rn, s.tba),
+        None => format!(
+            "r{}x{} tba{}{}",
+            s.rm,
+            s.rn,
+            s.tba,
+            match s.stage {
+                Staging::Padded => "",
+                Staging::Flat => " flat",
+                Staging::FlatC => " flatc",
+            }
+        ),
     }
 }

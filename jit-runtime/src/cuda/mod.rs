@@ -585,3 +585,119 @@ pub fn check_dims(spec: &GemmSpec, dims: &[u32]) -> Result<(), CudaError> {
     }
     Ok(())
 }
+
+/// One bucket of a [`BucketedBatch`]: its kernel and its problems' arrays on the device.
+struct Bucket {
+    kernel: Arc<GpuKernel>,
+    a: CudaSlice<u64>,
+    b: CudaSlice<u64>,
+    c: CudaSlice<u64>,
+    dims: CudaSlice<u32>,
+    len: usize,
+}
+
+/// A variable-size batch split by size for repeated launches: each problem goes to the
+/// bucket of its m and n rounded up to a multiple of 8 and its k to a multiple of 16, and
+/// each bucket runs the variable-size kernel sized by its bound. A single launch sized by
+/// the largest problem gives every small problem the threads and shared memory of the
+/// largest; here a problem's slot is at most 8 rows and columns larger than the problem.
+pub struct BucketedBatch {
+    buckets: Vec<Bucket>,
+}
+
+impl std::fmt::Debug for BucketedBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BucketedBatch({} buckets)", self.buckets.len())
+    }
+}
+
+impl BucketedBatch {
+    /// Buckets (kernel launches per call).
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Launches every bucket on `stream`, in order.
+    ///
+    /// # Safety
+    /// As [`GpuKernel::launch_variable`] for the pointers given to [`Gpu::bucket_variable`]:
+    /// they must still address live matrices of each problem's extent, C matrices disjoint.
+    pub unsafe fn launch<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        alpha: f64,
+        beta: f64,
+    ) -> Result<(), CudaError> {
+        for b in &self.buckets {
+            b.kernel
+                .launch_variable::<T>(stream, &b.a, &b.b, &b.c, &b.dims, b.len, alpha, beta)?;
+        }
+        Ok(())
+    }
+}
+
+impl Gpu {
+    /// Splits a variable-size batch, given on the host as pointer arrays and six u32 per
+    /// problem (`m, n, k, lda, ldb, ldc`, as for [`GpuKernel::launch_variable`]; every size
+    /// at most `spec`'s), into buckets by size (see [`BucketedBatch`]), compiles each
+    /// bucket's kernel (the layout, transposes and scalars of `spec`) and uploads each
+    /// bucket's arrays. Problems with m = 0 or n = 0 have nothing to compute and are left out.
+    pub fn bucket_variable(
+        &self,
+        spec: &GemmSpec,
+        a: &[u64],
+        b: &[u64],
+        c: &[u64],
+        dims: &[u32],
+    ) -> Result<BucketedBatch, CudaError> {
+        let batch = a.len();
+        if b.len() != batch || c.len() != batch || dims.len() != 6 * batch {
+            return Err(CudaError::BufferTooShort {
+                what: "pointer arrays and dims of one length".into(),
+                len: b.len().min(c.len()).min(dims.len() / 6),
+                required: batch,
+                batch,
+            });
+        }
+        check_dims(spec, dims)?;
+        let bound = |v: u32, step: usize| (v as usize).div_ceil(step).max(1) * step;
+        let mut groups: std::collections::BTreeMap<(usize, usize, usize), Vec<usize>> =
+            std::collections::BTreeMap::new();
+        for (i, d) in dims.chunks(6).enumerate() {
+            if d[0] == 0 || d[1] == 0 {
+                continue;
+            }
+            let key = (
+                bound(d[0], 8).min(spec.m()),
+                bound(d[1], 8).min(spec.n()),
+                bound(d[2], 16).min(spec.k()),
+            );
+            groups.entry(key).or_default().push(i);
+        }
+        let mut buckets = Vec::new();
+        for ((m, n, k), members) in groups {
+            let sub = GemmSpec::builder(spec.dtype(), m, n, k)
+                .layout(spec.layout())
+                .trans_a(spec.trans_a())
+                .trans_b(spec.trans_b())
+                .alpha(spec.alpha())
+                .beta(spec.beta())
+                .build()?;
+            let kernel = self.kernel(&sub, BatchKind::VariableSize)?;
+            let pick = |v: &[u64]| members.iter().map(|&i| v[i]).collect::<Vec<u64>>();
+            let d: Vec<u32> = members
+                .iter()
+                .flat_map(|&i| dims[6 * i..6 * i + 6].iter().copied())
+                .collect();
+            buckets.push(Bucket {
+                kernel,
+                a: self.upload_raw(&pick(a))?,
+                b: self.upload_raw(&pick(b))?,
+                c: self.upload_raw(&pick(c))?,
+                dims: self.upload_raw(&d)?,
+                len: members.len(),
+            });
+        }
+        Ok(BucketedBatch { buckets })
+    }
+}
