@@ -461,8 +461,16 @@ struct TuneArgs {
 pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
     let p = spec.col_major();
     let mut out = Vec::new();
+    // Wider tiles only pay from about 16 (f16 FMA kernels, variable batches).
+    let wide: &[(u32, u32)] = if spec.m().max(spec.n()) >= 16 {
+        &[(8, 4), (8, 8)]
+    } else {
+        &[]
+    };
     for (rm, rn, stage) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4)]
-        .into_iter()
+        .iter()
+        .chain(wide)
+        .copied()
         .flat_map(|(rm, rn)| {
             [Staging::Padded, Staging::Flat, Staging::FlatC].map(move |st| (rm, rn, st))
         })

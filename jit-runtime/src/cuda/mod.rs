@@ -597,12 +597,16 @@ struct Bucket {
 }
 
 /// A variable-size batch split by size for repeated launches: each problem goes to the
-/// bucket of its m and n rounded up to a multiple of 8 and its k to a multiple of 16, and
-/// each bucket runs the variable-size kernel sized by its bound. A single launch sized by
+/// bucket of its m and n rounded up to a multiple of 8, and each bucket runs the
+/// variable-size kernel sized by its bound, up to four buckets at a time on their own
+/// streams. A single launch sized by
 /// the largest problem gives every small problem the threads and shared memory of the
 /// largest; here a problem's slot is at most 8 rows and columns larger than the problem.
 pub struct BucketedBatch {
     buckets: Vec<Bucket>,
+    /// Streams the buckets run on concurrently (the tail of one bucket's grid overlaps the
+    /// next bucket's blocks); joined back into the caller's stream after each launch.
+    lanes: Vec<Arc<CudaStream>>,
 }
 
 impl std::fmt::Debug for BucketedBatch {
@@ -628,9 +632,16 @@ impl BucketedBatch {
         alpha: f64,
         beta: f64,
     ) -> Result<(), CudaError> {
-        for b in &self.buckets {
+        for lane in &self.lanes {
+            lane.join(stream)?;
+        }
+        for (i, b) in self.buckets.iter().enumerate() {
+            let lane = &self.lanes[i % self.lanes.len()];
             b.kernel
-                .launch_variable::<T>(stream, &b.a, &b.b, &b.c, &b.dims, b.len, alpha, beta)?;
+                .launch_variable::<T>(lane, &b.a, &b.b, &b.c, &b.dims, b.len, alpha, beta)?;
+        }
+        for lane in &self.lanes {
+            stream.join(lane)?;
         }
         Ok(())
     }
@@ -670,11 +681,15 @@ impl Gpu {
             let key = (
                 bound(d[0], 8).min(spec.m()),
                 bound(d[1], 8).min(spec.n()),
-                bound(d[2], 16).min(spec.k()),
+                // k only bounds the unrolled loop, which each problem leaves at its own k.
+                spec.k(),
             );
             groups.entry(key).or_default().push(i);
         }
         let mut buckets = Vec::new();
+        // Largest buckets first: the small ones fill the tails of the large ones' grids.
+        let mut groups: Vec<_> = groups.into_iter().collect();
+        groups.sort_by_key(|((m, n, _), members)| std::cmp::Reverse(m * n * members.len()));
         for ((m, n, k), members) in groups {
             let sub = GemmSpec::builder(spec.dtype(), m, n, k)
                 .layout(spec.layout())
@@ -698,6 +713,9 @@ impl Gpu {
                 len: members.len(),
             });
         }
-        Ok(BucketedBatch { buckets })
+        let lanes = (0..buckets.len().clamp(1, 4))
+            .map(|_| self.stream().fork())
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(BucketedBatch { buckets, lanes })
     }
 }
