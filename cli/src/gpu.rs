@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use smallgemm::cuda::bench::{self, BenchConfig, Report};
 use smallgemm::cuda::{self, f16, BatchKind, Gpu, GpuElement};
+use smallgemm::tuning::{self, TuningDb};
 use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 use smallgemm_ir::reference::SplitMix64;
 use smallgemm_ir::{Accumulate, GpuSchedule, GpuTarget, MmaShape, Sm, Staging};
@@ -360,10 +361,12 @@ fn run(args: &RunArgs) -> Result<ExitCode, String> {
         };
         match r {
             Ok((err, tol)) if err <= tol => {
-                println!(
-                    "ok   {} max error {err:.2e} (tolerance {tol:.2e})",
-                    spec.name()
-                )
+                // The entry name shows the schedule (tuned or planned).
+                let entry = gpu
+                    .kernel(spec, BatchKind::Strided)
+                    .map(|k| k.ptx().entry.clone())
+                    .unwrap_or_default();
+                println!("ok   {entry} max error {err:.2e} (tolerance {tol:.2e})")
             }
             Ok((err, tol)) => {
                 failed += 1;
@@ -449,9 +452,11 @@ struct TuneArgs {
     /// Tune the variable-size batch (sizes uniform in 1..=32) instead of square sizes.
     #[arg(long)]
     variable: bool,
-    /// The tuning database (JSON) the winners are merged into.
-    #[arg(long, default_value = "gpu-tuning.json")]
-    db: PathBuf,
+    /// The tuning database the winners are merged into (its `gpu` section): the same file
+    /// as the CPU tuner's, by default `smallgemm::tuning::default_path()`. The runtime
+    /// (`Gpu::kernel`) uses the entries of its device.
+    #[arg(long)]
+    db: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -524,10 +529,13 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
         None => vec![Dtype::F64, Dtype::F32, Dtype::F16],
     };
     let mut probe = bench::Probe::new(128 << 20);
-    let mut db: serde_json::Map<String, serde_json::Value> = std::fs::read_to_string(&args.db)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
+    let path = match &args.db {
+        Some(p) => p.clone(),
+        None => tuning::default_path().ok_or("no HOME: give --db")?,
+    };
+    let mut tdb = TuningDb::load(&path).map_err(|e| e.to_string())?;
+    tdb.version = tuning::VERSION;
+    let db = &mut tdb.gpu;
     if args.variable {
         for d in dtypes {
             let spec = GemmSpec::builder(d, 32, 32, 32)
@@ -556,13 +564,12 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             println!("{line}");
             if let Some((frac, s)) = best {
                 println!("  best {} at {:.1}% of the bound", short(&s), 100.0 * frac);
-                let key = format!("gpu/{}/vbatch/{}", gpu.target().sm, d.name());
+                let key = cuda::gpu_tuning_key(gpu.name(), &spec, BatchKind::VariableSize);
                 db.insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
             }
         }
-        let text = serde_json::to_string_pretty(&db).map_err(|e| e.to_string())?;
-        std::fs::write(&args.db, text)
-            .map_err(|e| format!("cannot write {}: {e}", args.db.display()))?;
+        tdb.save(&path).map_err(|e| e.to_string())?;
+        println!("wrote {}", path.display());
         return Ok(ExitCode::SUCCESS);
     }
     for d in dtypes {
@@ -593,15 +600,13 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             println!("{line}");
             if let Some((gf, s)) = best {
                 println!("  best {} at {gf:.0} GFLOP/s", short(&s));
-                let key = format!("gpu/{}/{}", gpu.target().sm, spec.name());
+                let key = cuda::gpu_tuning_key(gpu.name(), &spec, BatchKind::Strided);
                 db.insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
             }
         }
     }
-    let text = serde_json::to_string_pretty(&db).map_err(|e| e.to_string())?;
-    std::fs::write(&args.db, text)
-        .map_err(|e| format!("cannot write {}: {e}", args.db.display()))?;
-    println!("wrote {}", args.db.display());
+    tdb.save(&path).map_err(|e| e.to_string())?;
+    println!("wrote {}", path.display());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -164,6 +164,31 @@ pub struct Gpu {
     name: String,
     cache: Mutex<HashMap<CacheKey, Arc<GpuKernel>>>,
     compilations: AtomicUsize,
+    /// This device's entries of the tuning database (`smallgemm tune --gpu`), by key
+    /// ([`gpu_tuning_key`]).
+    tuned: HashMap<String, GpuSchedule>,
+}
+
+/// The key of a GPU schedule in the tuning database's `gpu` section: the device's name,
+/// the batch form and the shape key of the CPU entries ([`crate::tuning::shape_key`]:
+/// dtype, sizes and transposes of the column-major problem).
+pub fn gpu_tuning_key(device: &str, spec: &GemmSpec, kind: BatchKind) -> String {
+    let form = match kind {
+        BatchKind::Strided => "strided",
+        BatchKind::PointerArray => "pointers",
+        BatchKind::VariableSize => "variable",
+    };
+    format!("{device} | {form} {}", crate::tuning::shape_key(spec))
+}
+
+/// The entries of `db`'s `gpu` section that belong to `device` and parse as schedules.
+pub fn tuned_schedules(db: &crate::tuning::TuningDb, device: &str) -> HashMap<String, GpuSchedule> {
+    let prefix = format!("{device} | ");
+    db.gpu
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .filter_map(|(k, v)| Some((k.clone(), serde_json::from_value(v.clone()).ok()?)))
+        .collect()
 }
 
 impl std::fmt::Debug for Gpu {
@@ -196,6 +221,12 @@ impl Gpu {
         }
         let name = ctx.name()?;
         let stream = ctx.default_stream();
+        // Tuned schedules of this device, if a database exists (an unreadable one is
+        // ignored: the planner's defaults are always valid).
+        let tuned = crate::tuning::default_path()
+            .and_then(|p| crate::tuning::TuningDb::load(&p).ok())
+            .map(|db| tuned_schedules(&db, &name))
+            .unwrap_or_default();
         Ok(Gpu {
             ctx,
             stream,
@@ -203,6 +234,7 @@ impl Gpu {
             name,
             cache: Mutex::new(HashMap::new()),
             compilations: AtomicUsize::new(0),
+            tuned,
         })
     }
 
@@ -243,9 +275,23 @@ impl Gpu {
         Ok(self.stream.clone_dtoh(data)?)
     }
 
-    /// The kernel for `spec` and `kind` with the planned schedule, compiled on first use.
+    /// The kernel for `spec` and `kind`, compiled on first use: with the schedule the tuning
+    /// database holds for this device and shape, else the planned one.
     pub fn kernel(&self, spec: &GemmSpec, kind: BatchKind) -> Result<Arc<GpuKernel>, CudaError> {
+        if let Some(s) = self.tuned.get(&gpu_tuning_key(&self.name, spec, kind)) {
+            // A tuned entry that does not fit this spec (other leading dimensions, say)
+            // falls back to the planner.
+            if let Ok(k) = self.get_or_compile((*spec, kind, Some(*s))) {
+                return Ok(k);
+            }
+        }
         self.get_or_compile((*spec, kind, None))
+    }
+
+    /// Replaces this device's tuned schedules (normally read from the tuning database when
+    /// the `Gpu` is opened); an empty map makes every kernel use the planner's schedule.
+    pub fn set_tuned(&mut self, tuned: HashMap<String, GpuSchedule>) {
+        self.tuned = tuned;
     }
 
     /// The kernel with an explicit schedule (for tuning), cached separately.
@@ -717,5 +763,43 @@ impl Gpu {
             .map(|_| self.stream().fork())
             .collect::<Result<Vec<_>, _>>()?;
         Ok(BucketedBatch { buckets, lanes })
+    }
+}
+
+#[cfg(test)]
+mod tuning_tests {
+    use super::*;
+    use smallgemm_ir::{Accumulate, Dtype, Staging};
+
+    #[test]
+    fn gpu_entries_round_trip_through_the_tuning_database() {
+        let spec = GemmSpec::builder(Dtype::F32, 17, 17, 17).build().unwrap();
+        let s = GpuSchedule {
+            rm: 4,
+            rn: 4,
+            tba: 5,
+            mma: None,
+            warps: 1,
+            accumulate: Accumulate::F32,
+            stage: Staging::Flat,
+        };
+        let mut db = crate::tuning::TuningDb {
+            version: crate::tuning::VERSION,
+            ..Default::default()
+        };
+        let key = gpu_tuning_key("NVIDIA H100 80GB HBM3", &spec, BatchKind::Strided);
+        db.gpu.insert(key.clone(), serde_json::to_value(s).unwrap());
+        db.gpu.insert(
+            gpu_tuning_key("NVIDIA H200", &spec, BatchKind::Strided),
+            serde_json::to_value(s).unwrap(),
+        );
+        db.gpu
+            .insert("NVIDIA H100 80GB HBM3 | junk".into(), serde_json::json!(3));
+        let text = serde_json::to_string(&db).unwrap();
+        let back: crate::tuning::TuningDb = serde_json::from_str(&text).unwrap();
+        let tuned = tuned_schedules(&back, "NVIDIA H100 80GB HBM3");
+        assert_eq!(tuned.len(), 1);
+        assert_eq!(tuned.get(&key), Some(&s));
+        assert_eq!(key, "NVIDIA H100 80GB HBM3 | strided f32 17x17x17 nn");
     }
 }
