@@ -561,6 +561,15 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                     Err(e) => line.push_str(&format!(" [{}]=error({e})", short(&s))),
                 }
             }
+            for lanes in [1, 2, 4, 8, 16] {
+                match probe.time_bucketed(&gpu, d, lanes, args.reps) {
+                    Ok(row) => line.push_str(&format!(
+                        " [bucketed, {lanes} streams]={:.0}%",
+                        100.0 * row.ours_fraction(bw)
+                    )),
+                    Err(e) => line.push_str(&format!(" [bucketed {lanes}]=error({e})")),
+                }
+            }
             println!("{line}");
             if let Some((frac, s)) = best {
                 println!("  best {} at {:.1}% of the bound", short(&s), 100.0 * frac);

@@ -263,6 +263,41 @@ impl Probe {
         }
     }
 
+    /// Times the variable-size batch split into buckets ([`Gpu::bucket_variable_on`]) run
+    /// `lanes` at a time, with the default schedules.
+    pub fn time_bucketed(
+        &mut self,
+        gpu: &Gpu,
+        dtype: Dtype,
+        lanes: usize,
+        reps: usize,
+    ) -> Result<Row, CudaError> {
+        let bytes = self.buffer_bytes;
+        match dtype {
+            Dtype::F64 => {
+                let b = match &mut self.f64 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                variable::<f64>(gpu, b, reps, None, Some(lanes))
+            }
+            Dtype::F32 => {
+                let b = match &mut self.f32 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                variable::<f32>(gpu, b, reps, None, Some(lanes))
+            }
+            Dtype::F16 => {
+                let b = match &mut self.f16 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                variable::<f16>(gpu, b, reps, None, Some(lanes))
+            }
+        }
+    }
+
     /// Times the variable-size batch (sizes uniform in 1..=32) under `schedule`.
     pub fn time_variable(
         &mut self,
@@ -278,21 +313,21 @@ impl Probe {
                     Some(b) => b,
                     slot => slot.insert(buffers(gpu, bytes)?),
                 };
-                variable::<f64>(gpu, b, reps, Some(schedule), false)
+                variable::<f64>(gpu, b, reps, Some(schedule), None)
             }
             Dtype::F32 => {
                 let b = match &mut self.f32 {
                     Some(b) => b,
                     slot => slot.insert(buffers(gpu, bytes)?),
                 };
-                variable::<f32>(gpu, b, reps, Some(schedule), false)
+                variable::<f32>(gpu, b, reps, Some(schedule), None)
             }
             Dtype::F16 => {
                 let b = match &mut self.f16 {
                     Some(b) => b,
                     slot => slot.insert(buffers(gpu, bytes)?),
                 };
-                variable::<f16>(gpu, b, reps, Some(schedule), false)
+                variable::<f16>(gpu, b, reps, Some(schedule), None)
             }
         }
     }
@@ -338,7 +373,7 @@ fn variable<T: GpuElement>(
     bufs: &mut Buffers<T>,
     reps: usize,
     schedule: Option<&GpuSchedule>,
-    bucketed: bool,
+    bucketed: Option<usize>,
 ) -> Result<Row, CudaError> {
     let max = 32;
     let spec = GemmSpec::builder(T::DTYPE, max, max, max)
@@ -381,8 +416,8 @@ fn variable<T: GpuElement>(
         gpu.upload_raw(&pc)?,
     );
     let dd = gpu.upload_raw(&dims)?;
-    let ours = if bucketed {
-        let buckets = gpu.bucket_variable(&spec, &pa, &pb, &pc, &dims)?;
+    let ours = if let Some(lanes) = bucketed {
+        let buckets = gpu.bucket_variable_on(&spec, &pa, &pb, &pc, &dims, lanes)?;
         time(gpu, &stream, reps, || {
             // SAFETY: as below, the same pointers.
             unsafe { buckets.launch::<T>(&stream, 1.5, 0.5) }
@@ -397,7 +432,7 @@ fn variable<T: GpuElement>(
     Ok(Row {
         dtype: T::DTYPE,
         // 0: one launch; 1: bucketed by size (BucketedBatch).
-        n: usize::from(bucketed),
+        n: usize::from(bucketed.is_some()),
         batch,
         bytes,
         flops,
@@ -433,8 +468,11 @@ pub fn run(
             );
         }
         if cfg.variable.contains(&Dtype::F64) {
-            push(variable(gpu, &mut bufs, cfg.reps, None, false)?, &mut rows);
-            push(variable(gpu, &mut bufs, cfg.reps, None, true)?, &mut rows);
+            push(variable(gpu, &mut bufs, cfg.reps, None, None)?, &mut rows);
+            push(
+                variable(gpu, &mut bufs, cfg.reps, None, Some(4))?,
+                &mut rows,
+            );
         }
     }
     if !cfg.f32_sizes.is_empty() || cfg.variable.contains(&Dtype::F32) {
@@ -446,8 +484,11 @@ pub fn run(
             );
         }
         if cfg.variable.contains(&Dtype::F32) {
-            push(variable(gpu, &mut bufs, cfg.reps, None, false)?, &mut rows);
-            push(variable(gpu, &mut bufs, cfg.reps, None, true)?, &mut rows);
+            push(variable(gpu, &mut bufs, cfg.reps, None, None)?, &mut rows);
+            push(
+                variable(gpu, &mut bufs, cfg.reps, None, Some(4))?,
+                &mut rows,
+            );
         }
     }
     if !cfg.f16_sizes.is_empty() {

@@ -707,6 +707,19 @@ impl Gpu {
         c: &[u64],
         dims: &[u32],
     ) -> Result<BucketedBatch, CudaError> {
+        self.bucket_variable_on(spec, a, b, c, dims, 4)
+    }
+
+    /// [`Self::bucket_variable`] with up to `lanes` buckets running concurrently.
+    pub fn bucket_variable_on(
+        &self,
+        spec: &GemmSpec,
+        a: &[u64],
+        b: &[u64],
+        c: &[u64],
+        dims: &[u32],
+        lanes: usize,
+    ) -> Result<BucketedBatch, CudaError> {
         let batch = a.len();
         if b.len() != batch || c.len() != batch || dims.len() != 6 * batch {
             return Err(CudaError::BufferTooShort {
@@ -759,7 +772,7 @@ impl Gpu {
                 len: members.len(),
             });
         }
-        let lanes = (0..buckets.len().clamp(1, 4))
+        let lanes = (0..buckets.len().clamp(1, lanes.max(1)))
             .map(|_| self.stream().fork())
             .collect::<Result<Vec<_>, _>>()?;
         Ok(BucketedBatch { buckets, lanes })
