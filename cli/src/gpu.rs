@@ -10,9 +10,10 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use smallgemm::cuda::bench::{self, BenchConfig, Report};
 use smallgemm::cuda::{self, f16, BatchKind, Gpu, GpuElement};
+use smallgemm::tuning::{self, TuningDb};
 use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 use smallgemm_ir::reference::SplitMix64;
-use smallgemm_ir::{Accumulate, GpuSchedule, GpuTarget, MmaShape, Sm};
+use smallgemm_ir::{Accumulate, GpuSchedule, GpuTarget, MmaShape, Sm, Staging};
 
 /// Whether `args` (without the program name) is a GPU invocation; if so, runs it.
 pub fn dispatch(args: &[String]) -> Option<Result<ExitCode, String>> {
@@ -360,10 +361,12 @@ fn run(args: &RunArgs) -> Result<ExitCode, String> {
         };
         match r {
             Ok((err, tol)) if err <= tol => {
-                println!(
-                    "ok   {} max error {err:.2e} (tolerance {tol:.2e})",
-                    spec.name()
-                )
+                // The entry name shows the schedule (tuned or planned).
+                let entry = gpu
+                    .kernel(spec, BatchKind::Strided)
+                    .map(|k| k.ptx().entry.clone())
+                    .unwrap_or_default();
+                println!("ok   {entry} max error {err:.2e} (tolerance {tol:.2e})")
             }
             Ok((err, tol)) => {
                 failed += 1;
@@ -446,9 +449,14 @@ struct TuneArgs {
     sizes: Option<Vec<usize>>,
     #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// The tuning database (JSON) the winners are merged into.
-    #[arg(long, default_value = "gpu-tuning.json")]
-    db: PathBuf,
+    /// Tune the variable-size batch (sizes uniform in 1..=32) instead of square sizes.
+    #[arg(long)]
+    variable: bool,
+    /// The tuning database the winners are merged into (its `gpu` section): the same file
+    /// as the CPU tuner's, by default `smallgemm::tuning::default_path()`. The runtime
+    /// (`Gpu::kernel`) uses the entries of its device.
+    #[arg(long)]
+    db: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -458,7 +466,20 @@ struct TuneArgs {
 pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
     let p = spec.col_major();
     let mut out = Vec::new();
-    for (rm, rn) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4)] {
+    // Wider tiles only pay from about 16 (f16 FMA kernels, variable batches).
+    let wide: &[(u32, u32)] = if spec.m().max(spec.n()) >= 16 {
+        &[(8, 4), (8, 8)]
+    } else {
+        &[]
+    };
+    for (rm, rn, stage) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4)]
+        .iter()
+        .chain(wide)
+        .copied()
+        .flat_map(|(rm, rn)| {
+            [Staging::Padded, Staging::Flat, Staging::FlatC].map(move |st| (rm, rn, st))
+        })
+    {
         for threads in [64u32, 128, 256, 512, 1024] {
             let mut s = GpuSchedule {
                 rm,
@@ -467,6 +488,7 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
                 mma: None,
                 warps: 1,
                 accumulate: Accumulate::F32,
+                stage,
             };
             let tpp = s.fma_threads(&p);
             s.tba = (threads / tpp).max(1);
@@ -489,6 +511,7 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
                     mma: Some(MmaShape::M16N8K16),
                     warps,
                     accumulate: Accumulate::F32,
+                    stage: Staging::Padded,
                 };
                 if s.validate(&p, target).is_ok() && warps * tba <= 16 {
                     out.push(s);
@@ -506,10 +529,58 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
         None => vec![Dtype::F64, Dtype::F32, Dtype::F16],
     };
     let mut probe = bench::Probe::new(128 << 20);
-    let mut db: serde_json::Map<String, serde_json::Value> = std::fs::read_to_string(&args.db)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
+    let path = match &args.db {
+        Some(p) => p.clone(),
+        None => tuning::default_path().ok_or("no HOME: give --db")?,
+    };
+    let mut tdb = TuningDb::load(&path).map_err(|e| e.to_string())?;
+    tdb.version = tuning::VERSION;
+    let db = &mut tdb.gpu;
+    if args.variable {
+        for d in dtypes {
+            let spec = GemmSpec::builder(d, 32, 32, 32)
+                .alpha(Scalar::fixed(1.5).map_err(|e| e.to_string())?)
+                .beta(Scalar::fixed(0.5).map_err(|e| e.to_string())?)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let mut best: Option<(f64, GpuSchedule)> = None;
+            let mut line = format!("{} variable 1..32:", d.name());
+            let bw = bench::copy_bandwidth(&gpu, 256 << 20, 5).map_err(|e| e.to_string())?;
+            for s in candidates(&spec, gpu.target())
+                .into_iter()
+                .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
+            {
+                match probe.time_variable(&gpu, d, &s, args.reps) {
+                    Ok(row) => {
+                        let frac = row.ours_fraction(bw);
+                        line.push_str(&format!(" [{}]={:.0}%", short(&s), 100.0 * frac));
+                        if best.is_none_or(|(b, _)| frac > b) {
+                            best = Some((frac, s));
+                        }
+                    }
+                    Err(e) => line.push_str(&format!(" [{}]=error({e})", short(&s))),
+                }
+            }
+            for lanes in [1, 2, 4, 8, 16] {
+                match probe.time_bucketed(&gpu, d, lanes, args.reps) {
+                    Ok(row) => line.push_str(&format!(
+                        " [bucketed, {lanes} streams]={:.0}%",
+                        100.0 * row.ours_fraction(bw)
+                    )),
+                    Err(e) => line.push_str(&format!(" [bucketed {lanes}]=error({e})")),
+                }
+            }
+            println!("{line}");
+            if let Some((frac, s)) = best {
+                println!("  best {} at {:.1}% of the bound", short(&s), 100.0 * frac);
+                let key = cuda::gpu_tuning_key(gpu.name(), &spec, BatchKind::VariableSize);
+                db.insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
+            }
+        }
+        tdb.save(&path).map_err(|e| e.to_string())?;
+        println!("wrote {}", path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
     for d in dtypes {
         let sizes = args.sizes.clone().unwrap_or_else(|| match d {
             Dtype::F16 => (2..=128).step_by(2).collect(),
@@ -538,21 +609,29 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             println!("{line}");
             if let Some((gf, s)) = best {
                 println!("  best {} at {gf:.0} GFLOP/s", short(&s));
-                let key = format!("gpu/{}/{}", gpu.target().sm, spec.name());
+                let key = cuda::gpu_tuning_key(gpu.name(), &spec, BatchKind::Strided);
                 db.insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
             }
         }
     }
-    let text = serde_json::to_string_pretty(&db).map_err(|e| e.to_string())?;
-    std::fs::write(&args.db, text)
-        .map_err(|e| format!("cannot write {}: {e}", args.db.display()))?;
-    println!("wrote {}", args.db.display());
+    tdb.save(&path).map_err(|e| e.to_string())?;
+    println!("wrote {}", path.display());
     Ok(ExitCode::SUCCESS)
 }
 
 fn short(s: &GpuSchedule) -> String {
     match s.mma {
         Some(_) => format!("mma w{} tba{}", s.warps, s.tba),
-        None => format!("r{}x{} tba{}", s.rm, s.rn, s.tba),
+        None => format!(
+            "r{}x{} tba{}{}",
+            s.rm,
+            s.rn,
+            s.tba,
+            match s.stage {
+                Staging::Padded => "",
+                Staging::Flat => " flat",
+                Staging::FlatC => " flatc",
+            }
+        ),
     }
 }

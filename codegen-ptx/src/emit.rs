@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use smallgemm_ir::{
-    Accumulate, ColMajorProblem, Dtype, GpuSchedule, Scalar, SharedLayout, Sm, Trans,
+    Accumulate, ColMajorProblem, Dtype, GpuSchedule, Scalar, SharedLayout, Sm, Staging, Trans,
 };
 
 use crate::{ptx_version, BatchKind, ExtraParam};
@@ -546,7 +546,7 @@ pub(crate) fn kernel(
     s: &GpuSchedule,
     entry: &str,
     extra: &[ExtraParam],
-) -> String {
+) -> (String, usize) {
     let mut asm = Asm::new();
     let dtype = p.dtype;
     let elt = dtype.size();
@@ -639,13 +639,89 @@ pub(crate) fn kernel(
     asm.op(format!("setp.ge.u32 {out}, {pi}, {batch}"));
     let sbase = asm.reg(Kind::B32);
     asm.op(format!("mov.u32 {sbase}, smem"));
-    let sa = asm.reg(Kind::B32);
-    asm.op(format!(
-        "mad.lo.u32 {sa}, {g}, {}, {sbase}",
-        (layout.a_len + layout.b_len) * elt
-    ));
-    let sb = asm.reg(Kind::B32);
-    asm.op(format!("add.u32 {sb}, {sa}, {}", layout.a_len * elt));
+    let flat = flat_plan(p, s, kind);
+    // Flat operands: the whole block copies the spans of its problems (all threads, also
+    // those of groups past the batch end; `end` stops at the batch end).
+    let mut flat_shift = [None, None, None];
+    let mut cflat_region = None;
+    if flat.a.is_some() || flat.b.is_some() || flat.c.is_some() {
+        asm.comment("flat staging: the block's spans of packed operands");
+        let pi0 = asm.reg(Kind::B32);
+        asm.op(format!("mul.lo.u32 {pi0}, {bid}, {tba}"));
+        let cnt = asm.reg(Kind::B32);
+        asm.op(format!("sub.u32 {cnt}, {batch}, {pi0}"));
+        asm.op(format!("min.u32 {cnt}, {cnt}, {tba}"));
+        let threads = tpp * tba;
+        let ops = [
+            (flat.a, &ga, p.stride_a),
+            (flat.b, &gb, p.stride_b),
+            (flat.c, &gc, p.stride_c),
+        ];
+        for (i, (op, base, stride)) in ops.into_iter().enumerate() {
+            let Some(op) = op else { continue };
+            let off = asm.reg(Kind::B64);
+            asm.op(format!("mul.wide.u32 {off}, {pi0}, {}", stride * elt));
+            let span = asm.reg(Kind::B64);
+            asm.op(format!("add.u64 {span}, {base}, {off}"));
+            let end = asm.reg(Kind::B32);
+            asm.op(format!("mul.lo.u32 {end}, {cnt}, {}", op.len));
+            let region = asm.reg(Kind::B32);
+            asm.op(format!("add.u32 {region}, {sbase}, {}", op.region));
+            if i == 2 {
+                // C: read only when beta needs it; its shift is the span's either way.
+                let shift = if p.beta != Scalar::Zero {
+                    flat_copy(
+                        &mut asm, dtype, &tid, threads, &span, &end, &region, op.vectors, true,
+                    )
+                } else {
+                    let lo = asm.reg(Kind::B32);
+                    asm.op(format!("cvt.u32.u64 {lo}, {span}"));
+                    asm.op(format!("and.b32 {lo}, {lo}, 15"));
+                    lo
+                };
+                cflat_region = Some((span, end, region, op.vectors));
+                flat_shift[i] = Some(shift);
+            } else {
+                flat_shift[i] = Some(flat_copy(
+                    &mut asm, dtype, &tid, threads, &span, &end, &region, op.vectors, true,
+                ));
+            }
+        }
+    }
+    // Group g's copies: padded slots first, then the flat regions.
+    let group_base =
+        |asm: &mut Asm, op: &Option<FlatOperand>, shift: &Option<String>, in_slot: usize| {
+            let r = asm.reg(Kind::B32);
+            match (op, shift) {
+                (Some(op), Some(sh)) => {
+                    asm.op(format!("add.u32 {r}, {sbase}, {sh}"));
+                    asm.op(format!("add.u32 {r}, {r}, {}", op.region));
+                    asm.op(format!("mad.lo.u32 {r}, {g}, {}, {r}", op.len * elt));
+                }
+                _ => {
+                    asm.op(format!("mad.lo.u32 {r}, {g}, {}, {sbase}", flat.slot * elt));
+                    if in_slot > 0 {
+                        asm.op(format!("add.u32 {r}, {r}, {}", in_slot * elt));
+                    }
+                }
+            }
+            r
+        };
+    let sa = group_base(&mut asm, &flat.a, &flat_shift[0], 0);
+    let sb = group_base(&mut asm, &flat.b, &flat_shift[1], flat.b_in_slot);
+    let sc = flat
+        .c
+        .is_some()
+        .then(|| group_base(&mut asm, &flat.c, &flat_shift[2], 0));
+    let mut layout = layout;
+    if let Some(a) = &flat.a {
+        layout.a_row = a.row;
+        layout.a_col = a.col;
+    }
+    if let Some(b) = &flat.b {
+        layout.b_row = b.row;
+        layout.b_col = b.col;
+    }
 
     let skip_load = asm.label();
     asm.op(format!("@{out} bra {skip_load}"));
@@ -662,7 +738,15 @@ pub(crate) fn kernel(
         beta_reg: beta,
     };
     let tile = match s.mma {
-        None => Some(fma_c_tile(&mut asm, p, s, &lt, &problem, &epi)),
+        None => Some(fma_c_tile(
+            &mut asm,
+            p,
+            s,
+            &lt,
+            &problem,
+            &epi,
+            sc.as_deref(),
+        )),
         Some(_) => None,
     };
     asm.comment("stage A and B in shared memory");
@@ -695,7 +779,9 @@ pub(crate) fn kernel(
     };
     let v = vector_width(kind, dtype, lead, &problem.lda, lext, p.stride_a);
     let packed = lead.max * other.max;
-    if v < 16 / elt
+    if flat.a.is_some() {
+        // Staged flat above.
+    } else if v < 16 / elt
         && kind == BatchKind::Strided
         && lead.runtime.is_none()
         && (lext, oext) == (lead.max, other.max)
@@ -745,7 +831,9 @@ pub(crate) fn kernel(
     };
     let v = vector_width(kind, dtype, lead, &problem.ldb, lext, p.stride_b);
     let packed = lead.max * other.max;
-    if v < 16 / elt
+    if flat.b.is_some() {
+        // Staged flat above.
+    } else if v < 16 / elt
         && kind == BatchKind::Strided
         && lead.runtime.is_none()
         && (lext, oext) == (lead.max, other.max)
@@ -778,15 +866,38 @@ pub(crate) fn kernel(
     asm.place(&skip_load);
     asm.op("bar.sync 0");
     let exit = asm.label();
+    // With C staged flat, every thread must reach the barrier before C's copy back.
+    let cdone = asm.label();
+    let leave = if cflat_region.is_some() {
+        &cdone
+    } else {
+        &exit
+    };
     // Groups past the end of the batch leave now that the block's barrier is behind them
     // (a divergent branch: groups of one warp may differ, so not bra.uni).
-    asm.op(format!("@{out} bra {exit}"));
+    asm.op(format!("@{out} bra {leave}"));
 
     match &tile {
         Some(tile) => fma_body(
             &mut asm, p, s, &layout, &sa, &sb, &problem, &epi, &exit, tile,
         ),
         None => mma_body(&mut asm, p, s, &layout, &lt, &sa, &sb, &problem, &epi),
+    }
+    if let Some((span, end, region, vectors)) = &cflat_region {
+        asm.place(&cdone);
+        asm.op("bar.sync 0");
+        asm.comment("C back to global memory, flat");
+        flat_copy(
+            &mut asm,
+            dtype,
+            &tid,
+            tpp * tba,
+            span,
+            end,
+            region,
+            *vectors,
+            false,
+        );
     }
     asm.place(&exit);
     asm.op("ret");
@@ -805,7 +916,12 @@ pub(crate) fn kernel(
     out.push('\n');
     out.push_str(&asm.body);
     out.push_str("}\n");
-    out
+    let shared = if s.mma.is_none() {
+        flat.shared_bytes
+    } else {
+        res.shared_bytes
+    };
+    (out, shared)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -917,7 +1033,15 @@ struct Epilogue {
 
 impl Epilogue {
     /// C[addr] = alpha * v + beta * C[addr], with `v` in the epilogue type; `pred` guards.
-    fn store(&self, asm: &mut Asm, v: &str, addr: &str, pred: &Option<String>, old: Option<&str>) {
+    fn store(
+        &self,
+        asm: &mut Asm,
+        v: &str,
+        addr: &str,
+        pred: &Option<String>,
+        old: Option<&str>,
+        space: &str,
+    ) {
         let sty = self.sty;
         let scaled = match self.alpha {
             Scalar::One => v.to_string(),
@@ -946,7 +1070,7 @@ impl Epilogue {
         } else {
             let old = match old {
                 Some(o) => o.to_string(),
-                None => self.load(asm, addr, pred),
+                None => self.load(asm, addr, pred, space),
             };
             let r = asm.reg(self.skind);
             match self.beta {
@@ -966,18 +1090,21 @@ impl Epilogue {
             Dtype::F16 => {
                 let h = asm.reg(Kind::B16);
                 asm.op(format!("cvt.rn.f16.f32 {h}, {result}"));
-                asm.op(format!("{}st.global.b16 [{addr}], {h}", guard(pred)));
+                asm.op(format!("{}st.{space}.b16 [{addr}], {h}", guard(pred)));
             }
-            _ => asm.op(format!("{}st.global.{sty} [{addr}], {result}", guard(pred))),
+            _ => asm.op(format!(
+                "{}st.{space}.{sty} [{addr}], {result}",
+                guard(pred)
+            )),
         }
     }
 
-    fn load(&self, asm: &mut Asm, addr: &str, pred: &Option<String>) -> String {
+    fn load(&self, asm: &mut Asm, addr: &str, pred: &Option<String>, space: &str) -> String {
         match self.dtype {
             Dtype::F16 => {
                 let h = asm.reg(Kind::B16);
                 asm.op(format!("mov.b16 {h}, 0x0000"));
-                asm.op(format!("{}ld.global.b16 {h}, [{addr}]", guard(pred)));
+                asm.op(format!("{}ld.{space}.b16 {h}, [{addr}]", guard(pred)));
                 let r = asm.reg(Kind::F32);
                 asm.op(format!("cvt.f32.f16 {r}, {h}"));
                 r
@@ -986,7 +1113,7 @@ impl Epilogue {
                 let r = asm.reg(self.skind);
                 asm.op(format!("mov.{} {r}, {}", self.sty, literal(self.sdt, 0.0)));
                 asm.op(format!(
-                    "{}ld.global.{} {r}, [{addr}]",
+                    "{}ld.{space}.{} {r}, [{addr}]",
                     guard(pred),
                     self.sty
                 ));
@@ -1067,7 +1194,19 @@ fn fma_body(
             v
         }
     };
+    // Variable sizes: leave the k loop once past this problem's own k (checked every 4
+    // steps; the zero-filled shared tail makes any extra steps harmless).
+    let k_done = asm.label();
+    let mut k_exit_used = false;
     for k in 0..p.k {
+        if let Some(krt) = &problem.k.runtime {
+            if k > 0 && k % 4 == 0 {
+                let pk = asm.reg(Kind::Pred);
+                asm.op(format!("setp.le.u32 {pk}, {krt}, {k}"));
+                asm.op(format!("@{pk} bra {k_done}"));
+                k_exit_used = true;
+            }
+        }
         let av: Vec<String> = (0..rm)
             .map(|a| fetch(asm, &abase, a * tm * layout.a_row + k * layout.a_col))
             .collect();
@@ -1086,6 +1225,9 @@ fn fma_body(
             }
         }
     }
+    if k_exit_used {
+        asm.place(&k_done);
+    }
     if acc_kind == Kind::B16 {
         // f16 accumulators: the epilogue runs in f32 and rounds once.
         for row in acc.iter_mut() {
@@ -1099,7 +1241,8 @@ fn fma_body(
 
     asm.comment("epilogue");
     for (a, b, addr, pred, old) in &tile.slots {
-        epi.store(asm, &acc[*a][*b], addr, pred, old.as_deref());
+        let space = if tile.shared { "shared" } else { "global" };
+        epi.store(asm, &acc[*a][*b], addr, pred, old.as_deref(), space);
     }
 }
 
@@ -1110,6 +1253,8 @@ struct CTile {
     ty: String,
     tm: usize,
     tn: usize,
+    /// C staged flat in shared memory: the slots address it there.
+    shared: bool,
     #[allow(clippy::type_complexity)]
     slots: Vec<(usize, usize, String, Option<String>, Option<String>)>,
 }
@@ -1125,6 +1270,7 @@ fn fma_c_tile(
     lt: &str,
     problem: &ProblemRegs,
     epi: &Epilogue,
+    sc: Option<&str>,
 ) -> CTile {
     let elt = p.dtype.size();
     let (rm, rn) = (s.rm as usize, s.rn as usize);
@@ -1165,6 +1311,31 @@ fn fma_c_tile(
     };
     let rows: Vec<Option<String>> = (0..rm).map(|a| row_pred(asm, a)).collect();
     let cols: Vec<Option<String>> = (0..rn).map(|b| col_pred(asm, b)).collect();
+    if let Some(sc) = sc {
+        // C packed and staged flat: element (i, j) of the group's copy at (i + j m) elt.
+        let off = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {off}, {ty}, {}, {tx}", p.m));
+        let base = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {base}, {off}, {elt}, {sc}"));
+        for b in 0..rn {
+            for a in 0..rm {
+                if a * tm >= p.m || b * tn >= p.n {
+                    continue;
+                }
+                let pred = asm.and(rows[a].clone(), cols[b].clone());
+                let addr = format!("{base}+{}", (a * tm + b * tn * p.m) * elt);
+                slots.push((a, b, addr, pred, None));
+            }
+        }
+        return CTile {
+            tx,
+            ty,
+            tm,
+            tn,
+            shared: true,
+            slots,
+        };
+    }
     // Thread base address in C: c + (tx + ty * ldc) * elt.
     let ldc = match &problem.ldc.runtime {
         Some(r) => r.clone(),
@@ -1205,7 +1376,7 @@ fn fma_c_tile(
             };
             let addr = format!("{colbase}+{imm}");
             // Prefetched before the operands are staged: its latency overlaps theirs.
-            let old = (epi.beta != Scalar::Zero).then(|| epi.load(asm, &addr, &pred));
+            let old = (epi.beta != Scalar::Zero).then(|| epi.load(asm, &addr, &pred, "global"));
             slots.push((a, b, addr, pred, old));
         }
     }
@@ -1214,6 +1385,7 @@ fn fma_c_tile(
         ty,
         tm,
         tn,
+        shared: false,
         slots,
     }
 }
@@ -1395,10 +1567,317 @@ fn mma_body(
             let (dr, dc) = (8 * (i / 2), i % 2);
             let pred = asm.and(rp[i / 2].clone(), cp[dc].clone());
             let addr = format!("{cbase}+{}", (dr + dc * ldc) * 2);
-            epi.store(asm, v, &addr, &pred, None);
+            epi.store(asm, v, &addr, &pred, None, "global");
         }
         if valid.is_some() {
             asm.place(&skip);
         }
     }
+}
+
+/// Where one operand of the block's problems lives in shared memory under flat staging:
+/// problem g's copy starts at `region + shift + g * len * elt` (the shift, 0..16 bytes, is
+/// how far the block's span in global memory starts past a 16-byte boundary: the span is
+/// copied verbatim, vector by vector), element (r, c) of it at `r * row + c * col`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FlatOperand {
+    len: usize,
+    row: usize,
+    col: usize,
+    /// Byte offset of the region from the start of shared memory.
+    region: usize,
+    /// 16-byte vectors in the region.
+    vectors: usize,
+}
+
+/// The shared-memory plan of a kernel: which operands are staged flat, and the bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FlatPlan {
+    a: Option<FlatOperand>,
+    b: Option<FlatOperand>,
+    c: Option<FlatOperand>,
+    /// Elements of one problem's padded slot (the operands not staged flat).
+    slot: usize,
+    /// Where operand B's padded copy starts inside the slot (elements).
+    b_in_slot: usize,
+    pub(crate) shared_bytes: usize,
+}
+
+/// The worst number of distinct 4-byte words one bank serves for one shared load of a
+/// whole warp, over the block's warps; `addr(t)` is thread t's byte address.
+fn bank_degree(threads: usize, elt: usize, addr: impl Fn(usize) -> usize) -> usize {
+    let words = elt.div_ceil(4);
+    let mut worst = 0;
+    for w in 0..threads.div_ceil(32) {
+        let mut banks: Vec<Vec<usize>> = vec![Vec::new(); 32];
+        for t in w * 32..((w + 1) * 32).min(threads) {
+            for i in 0..words {
+                let word = addr(t) / 4 + i;
+                let bank = &mut banks[word % 32];
+                if !bank.contains(&word) {
+                    bank.push(word);
+                }
+            }
+        }
+        worst = worst.max(banks.iter().map(Vec::len).max().unwrap_or(0));
+    }
+    worst
+}
+
+/// Decides the staging of each operand under `s.stage` (see [`smallgemm_ir::Staging`]).
+pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -> FlatPlan {
+    let layout = s.shared_layout(p);
+    let elt = p.dtype.size();
+    let tba = s.tba as usize;
+    let usable = kind == BatchKind::Strided && s.mma.is_none() && s.stage != Staging::Padded;
+    let tpp = s.fma_threads(p) as usize;
+    let threads = tpp * tba;
+    let tm = p.m.div_ceil(s.rm as usize).max(1);
+    let v = 16 / elt;
+    let allowed = |padded: usize| padded.max(2 * elt.div_ceil(4));
+    // A: thread (g, tx) reads row tx of problem g; padded slot (a_len + b_len).
+    let slot_all = layout.a_len + layout.b_len;
+    let (a_lead, a_row, a_col) = match p.trans_a {
+        Trans::N => (p.m, 1, p.m),
+        Trans::T => (p.k, p.k, 1),
+    };
+    let a_len = p.m * p.k;
+    let a_ok = usable
+        && p.lda == a_lead
+        && p.stride_a == a_len
+        && bank_degree(threads, elt, |t| {
+            ((t / tpp) * a_len + (t % tpp % tm) * a_row) * elt
+        }) <= allowed(bank_degree(threads, elt, |t| {
+            ((t / tpp) * slot_all + (t % tpp % tm) * layout.a_row) * elt
+        }));
+    let (b_lead, b_row, b_col) = match p.trans_b {
+        Trans::N => (p.k, 1, p.k),
+        Trans::T => (p.n, p.n, 1),
+    };
+    let b_len = p.k * p.n;
+    let b_ok = usable
+        && p.ldb == b_lead
+        && p.stride_b == b_len
+        && bank_degree(threads, elt, |t| {
+            ((t / tpp) * b_len + (t % tpp / tm) * b_col) * elt
+        }) <= allowed(bank_degree(threads, elt, |t| {
+            ((t / tpp) * slot_all + layout.a_len + (t % tpp / tm) * layout.b_col) * elt
+        }));
+    let c_len = p.m * p.n;
+    let c_ok = usable && s.stage == Staging::FlatC && p.ldc == p.m && p.stride_c == c_len;
+    let slot = if a_ok { 0 } else { layout.a_len } + if b_ok { 0 } else { layout.b_len };
+    let b_in_slot = if a_ok { 0 } else { layout.a_len };
+    let mut at = (slot * tba * elt).next_multiple_of(16);
+    // `over`: elements past the last problem that threads whose tile hangs over the edge
+    // of A or B read (values never used, but inside the allocation).
+    let mut region = |ok: bool, len: usize, row: usize, col: usize, over: usize| {
+        ok.then(|| {
+            let vectors = (tba * len + v - 1).div_ceil(v);
+            let r = FlatOperand {
+                len,
+                row,
+                col,
+                region: at,
+                vectors,
+            };
+            at += vectors * 16 + (over * elt).next_multiple_of(16);
+            r
+        })
+    };
+    let (rm, rn) = (s.rm as usize, s.rn as usize);
+    let a = region(
+        a_ok,
+        a_len,
+        a_row,
+        a_col,
+        (p.m.next_multiple_of(rm) - p.m) * a_row,
+    );
+    let b = region(
+        b_ok,
+        b_len,
+        b_row,
+        b_col,
+        (p.n.next_multiple_of(rn) - p.n) * b_col,
+    );
+    let c = region(c_ok, c_len, 1, p.m, 0);
+    FlatPlan {
+        a,
+        b,
+        c,
+        slot,
+        b_in_slot,
+        shared_bytes: at,
+    }
+}
+
+/// The 32-bit words of one 16-byte vector, as a PTX vector operand.
+fn words(asm: &mut Asm) -> (Vec<String>, String) {
+    let w: Vec<String> = (0..4).map(|_| asm.reg(Kind::B32)).collect();
+    let list = format!("{{{}}}", w.join(", "));
+    (w, list)
+}
+
+/// Element e of a vector held as words: loads (`store == false`) or stores it at `addr`.
+fn element_access(
+    asm: &mut Asm,
+    dtype: Dtype,
+    w: &[String],
+    e: usize,
+    addr: &str,
+    store: bool,
+    pred: &str,
+) {
+    match dtype {
+        Dtype::F32 => {
+            if store {
+                asm.op(format!("@{pred} st.global.b32 [{addr}], {}", w[e]));
+            } else {
+                asm.op(format!("@{pred} ld.global.b32 {}, [{addr}]", w[e]));
+            }
+        }
+        Dtype::F64 => {
+            let d = asm.reg(Kind::B64);
+            if store {
+                asm.op(format!("mov.b64 {d}, {{{}, {}}}", w[2 * e], w[2 * e + 1]));
+                asm.op(format!("@{pred} st.global.b64 [{addr}], {d}"));
+            } else {
+                asm.op(format!("mov.b64 {d}, 0"));
+                asm.op(format!("@{pred} ld.global.b64 {d}, [{addr}]"));
+                asm.op(format!("mov.b64 {{{}, {}}}, {d}", w[2 * e], w[2 * e + 1]));
+            }
+        }
+        Dtype::F16 => {
+            let (lo, hi) = (asm.reg(Kind::B16), asm.reg(Kind::B16));
+            asm.op(format!("mov.b32 {{{lo}, {hi}}}, {}", w[e / 2]));
+            let h = if e % 2 == 0 { &lo } else { &hi };
+            if store {
+                asm.op(format!("@{pred} st.global.b16 [{addr}], {h}"));
+            } else {
+                asm.op(format!("@{pred} ld.global.b16 {h}, [{addr}]"));
+                asm.op(format!("mov.b32 {}, {{{lo}, {hi}}}", w[e / 2]));
+            }
+        }
+    }
+}
+
+/// Copies the block's span of one flat operand between global and shared memory with
+/// 16-byte vectors: all `threads` threads of the block take part; vector q (thread q %
+/// threads) covers bytes [16 q, 16 q + 16) past the 16-byte boundary at or below `span`.
+/// Vectors wholly inside the span's `end` elements move in one access; the partial ones at
+/// its two ends move element by element (a branch no warp takes but the one at each end).
+/// Returns the shift (bytes from the boundary to the span) as a u32 register.
+#[allow(clippy::too_many_arguments)]
+fn flat_copy(
+    asm: &mut Asm,
+    dtype: Dtype,
+    tid: &str,
+    threads: usize,
+    span: &str,
+    end: &str,
+    region: &str,
+    vectors: usize,
+    to_shared: bool,
+) -> String {
+    let elt = dtype.size();
+    let v = 16 / elt;
+    let lo = asm.reg(Kind::B32);
+    asm.op(format!("cvt.u32.u64 {lo}, {span}"));
+    let shift = asm.reg(Kind::B32);
+    asm.op(format!("and.b32 {shift}, {lo}, 15"));
+    let shift64 = asm.reg(Kind::B64);
+    asm.op(format!("cvt.u64.u32 {shift64}, {shift}"));
+    let aligned = asm.reg(Kind::B64);
+    asm.op(format!("sub.u64 {aligned}, {span}, {shift64}"));
+    let off64 = asm.reg(Kind::B64);
+    asm.op(format!("mul.wide.u32 {off64}, {tid}, 16"));
+    let gq = asm.reg(Kind::B64);
+    asm.op(format!("add.u64 {gq}, {aligned}, {off64}"));
+    let sq = asm.reg(Kind::B32);
+    asm.op(format!("mad.lo.u32 {sq}, {tid}, 16, {region}"));
+    // f0: the flat index of this thread's first vector's first element (s32, may be < 0).
+    let f0 = asm.reg(Kind::B32);
+    let shift_e = asm.reg(Kind::B32);
+    asm.op(format!(
+        "shr.u32 {shift_e}, {shift}, {}",
+        elt.trailing_zeros()
+    ));
+    asm.op(format!("mul.lo.u32 {f0}, {tid}, {v}"));
+    asm.op(format!("sub.s32 {f0}, {f0}, {shift_e}"));
+    let end_v = asm.reg(Kind::B32);
+    asm.op(format!("sub.s32 {end_v}, {end}, {v}"));
+    for i in 0..vectors.div_ceil(threads) {
+        let inq = ((i + 1) * threads > vectors)
+            .then(|| asm.lt(tid, &(vectors - i * threads).to_string()));
+        let fs = asm.reg(Kind::B32);
+        asm.op(format!("add.s32 {fs}, {f0}, {}", i * threads * v));
+        let p1 = asm.reg(Kind::Pred);
+        asm.op(format!("setp.ge.s32 {p1}, {fs}, 0"));
+        let p2 = asm.reg(Kind::Pred);
+        asm.op(format!("setp.le.s32 {p2}, {fs}, {end_v}"));
+        let mut full = asm.reg(Kind::Pred);
+        asm.op(format!("and.pred {full}, {p1}, {p2}"));
+        if let Some(q) = &inq {
+            let f = asm.reg(Kind::Pred);
+            asm.op(format!("and.pred {f}, {full}, {q}"));
+            full = f;
+        }
+        // Threads with nothing partial to do: full vectors, or beyond the region.
+        let skip = match &inq {
+            Some(q) => {
+                let s = asm.reg(Kind::Pred);
+                asm.op(format!("or.pred {s}, {full}, !{q}"));
+                s
+            }
+            None => full.clone(),
+        };
+        let goff = i * threads * 16;
+        let soff = i * threads * 16;
+        let (w, list) = words(asm);
+        let done = asm.label();
+        if to_shared {
+            for r in &w {
+                asm.op(format!("mov.b32 {r}, 0"));
+            }
+            asm.op(format!("@{full} ld.global.v4.b32 {list}, [{gq}+{goff}]"));
+            asm.op(format!("@{skip} bra {done}"));
+            for e in 0..v {
+                let f = asm.reg(Kind::B32);
+                asm.op(format!("add.s32 {f}, {fs}, {e}"));
+                let a = asm.reg(Kind::Pred);
+                asm.op(format!("setp.ge.s32 {a}, {f}, 0"));
+                let b = asm.reg(Kind::Pred);
+                asm.op(format!("setp.lt.s32 {b}, {f}, {end}"));
+                let valid = asm.reg(Kind::Pred);
+                asm.op(format!("and.pred {valid}, {a}, {b}"));
+                let addr = format!("{gq}+{}", goff + e * elt);
+                element_access(asm, dtype, &w, e, &addr, false, &valid);
+            }
+            asm.place(&done);
+            asm.op(format!(
+                "{}st.shared.v4.b32 [{sq}+{soff}], {list}",
+                guard(&inq)
+            ));
+        } else {
+            asm.op(format!(
+                "{}ld.shared.v4.b32 {list}, [{sq}+{soff}]",
+                guard(&inq)
+            ));
+            asm.op(format!("@{full} st.global.v4.b32 [{gq}+{goff}], {list}"));
+            asm.op(format!("@{skip} bra {done}"));
+            for e in 0..v {
+                let f = asm.reg(Kind::B32);
+                asm.op(format!("add.s32 {f}, {fs}, {e}"));
+                let a = asm.reg(Kind::Pred);
+                asm.op(format!("setp.ge.s32 {a}, {f}, 0"));
+                let b = asm.reg(Kind::Pred);
+                asm.op(format!("setp.lt.s32 {b}, {f}, {end}"));
+                let valid = asm.reg(Kind::Pred);
+                asm.op(format!("and.pred {valid}, {a}, {b}"));
+                let addr = format!("{gq}+{}", goff + e * elt);
+                element_access(asm, dtype, &w, e, &addr, true, &valid);
+            }
+            asm.place(&done);
+        }
+    }
+    shift
 }

@@ -122,6 +122,27 @@ pub enum Accumulate {
     F32,
 }
 
+/// How an FMA kernel stages the block's operands in shared memory.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Staging {
+    /// Each problem's A and B in its own padded slot, loaded by its own threads; C read and
+    /// written by each thread from and to global memory directly.
+    #[default]
+    Padded,
+    /// Where a strided batch is packed (tight matrices back to back), the block's `tba`
+    /// A matrices are one contiguous span, as are its B matrices: all threads of the block
+    /// copy each span with 16-byte vector loads and stores, verbatim (no index arithmetic),
+    /// and read it in memory order. Operands that are not packed, or whose memory order
+    /// would cost shared-memory bank conflicts, stay padded.
+    Flat,
+    /// `Flat`, and C too: read into shared memory with 16-byte loads, updated there, and
+    /// written back with 16-byte stores after a second barrier.
+    FlatC,
+}
+
 /// How a batched GEMM maps onto threads; tunable, serde data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GpuSchedule {
@@ -137,6 +158,9 @@ pub struct GpuSchedule {
     pub warps: u32,
     /// f16 accumulation precision (ignored for f32/f64).
     pub accumulate: Accumulate,
+    /// Shared-memory staging of FMA kernels (ignored by tensor-core kernels).
+    #[serde(default)]
+    pub stage: Staging,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -325,14 +349,50 @@ impl GpuSchedule {
     }
 }
 
+use Staging::{Flat as F, FlatC as FC, Padded as P};
+
+/// f64 winners for n = 2..=32 on an H100: (rm, rn, tba, staging).
+#[rustfmt::skip]
+const H100_F64: [(u32, u32, u32, Staging); 31] = [
+    (2, 1, 64, F), (1, 1, 28, P), (1, 1, 4, F), (1, 1, 10, P), (2, 1, 14, F), // 2..6
+    (2, 1, 18, P), (2, 1, 8, P), (2, 1, 5, P), (2, 1, 2, P), (2, 1, 7, P), // 7..11
+    (2, 2, 1, P), (2, 1, 1, P), (2, 1, 2, P), (2, 1, 1, P), (2, 1, 4, P), // 12..16
+    (2, 2, 3, P), (2, 2, 1, P), (2, 2, 2, P), (2, 2, 2, P), (4, 2, 3, P), // 17..21
+    (2, 2, 2, P), (2, 2, 3, P), (2, 2, 1, P), (4, 2, 2, P), (4, 2, 2, P), // 22..26
+    (2, 2, 1, P), (2, 2, 1, P), (4, 2, 2, P), (4, 2, 1, P), (2, 2, 1, P), // 27..31
+    (2, 2, 1, P), // 32
+];
+
+/// f32 winners for n = 2..=32 on an H100: (rm, rn, tba, staging); 19 and 21 from a second
+/// sweep with 8x4 tiles (bench, same H100: 98.6% / 99.7% of the bound against 93.4% / 94.1%).
+#[rustfmt::skip]
+const H100_F32: [(u32, u32, u32, Staging); 31] = [
+    (2, 1, 32, F), (4, 4, 128, FC), (2, 1, 8, F), (2, 1, 17, P), (4, 4, 16, F), // 2..6
+    (2, 1, 9, P), (2, 2, 8, P), (2, 1, 2, P), (2, 1, 5, P), (4, 2, 7, FC), // 7..11
+    (2, 2, 7, P), (2, 1, 1, P), (2, 2, 10, P), (4, 2, 4, FC), (2, 2, 2, P), // 12..16
+    (4, 4, 5, F), (2, 2, 1, P), (8, 4, 8, P), (2, 2, 2, P), (8, 4, 3, P), // 17..21
+    (2, 2, 2, P), (4, 4, 3, P), (2, 2, 1, P), (4, 4, 5, P), (4, 4, 5, P), // 22..26
+    (4, 4, 1, P), (4, 4, 2, P), (4, 4, 1, P), (4, 4, 2, P), (4, 4, 2, F), // 27..31
+    (4, 2, 2, P), // 32
+];
+
+/// f16 FMA winners for n = 2..=15 on an H100: (rm, rn, tba, staging); from 13 to 15 they
+/// beat the tensor-core kernels by 30 points of the bound.
+#[rustfmt::skip]
+const H100_F16: [(u32, u32, u32, Staging); 14] = [
+    (2, 2, 64, F), (4, 4, 128, FC), (2, 2, 16, P), (4, 4, 32, FC), (4, 4, 32, FC), // 2..6
+    (4, 4, 16, FC), (4, 2, 8, F), (4, 4, 7, F), (4, 4, 14, FC), (4, 4, 14, FC), // 7..11
+    (4, 2, 7, FC), (4, 4, 8, FC), (4, 4, 8, FC), (4, 4, 16, FC), // 12..15
+];
+
 /// The default schedule for `p` on `target`: lightweight blocks (paper 001) of about 128-256
 /// threads; a register tile grows with the size so that a thread does enough FMAs per
-/// shared-memory load; tensor cores for f16 from 13 up (below, FMA kernels win: an mma would
-/// mostly multiply padding). Fails only when no schedule fits (A and B of one problem
+/// shared-memory load; tensor cores for f16 from 16 up (below, FMA kernels with flat
+/// staging win: measured on an H100 up to 15, by 30 points of the bound at 13-15). Fails only when no schedule fits (A and B of one problem
 /// exceed shared memory).
 pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, GpuScheduleError> {
     let big = p.m.max(p.n);
-    let mut s = if p.dtype == Dtype::F16 && big >= 13 {
+    let mut s = if p.dtype == Dtype::F16 && big >= 16 {
         // Tensor cores; warps per problem and problems per block from the H200 sweep:
         // light blocks up to ~40, then 8 warps.
         let tiles = (p.m.div_ceil(16) * p.n.div_ceil(8)) as u32;
@@ -352,35 +412,33 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             mma: Some(MmaShape::M16N8K16),
             warps: warps.min(tiles).max(1),
             accumulate: Accumulate::F32,
+            stage: Staging::Padded,
         }
     } else {
-        // From a `smallgemm tune --gpu` sweep on an H200 (docs/gpu-notes.md): one element
-        // per thread only for the tiniest f64/f32 problems, two rows per thread (loads of
-        // A in flight per thread doubled) through the middle, wider tiles above; f16 FMA
-        // kernels need 4-8 elements per thread to keep enough bytes in flight.
-        let (rm, rn, want) = match (p.dtype, big) {
-            (Dtype::F64, 0..=2) => (1, 1, 64),
-            (Dtype::F64, 3) => (1, 1, 128),
-            (Dtype::F64, 4) => (2, 1, 512),
-            (Dtype::F64, 5) => (1, 1, 128),
-            (Dtype::F64, 6..=15) => (2, 1, 256),
-            (Dtype::F64, 16) => (2, 2, 256),
-            (Dtype::F64, 17..=22) => (2, 2, 128),
-            (Dtype::F64, 23..=26) => (4, 2, 256),
-            (Dtype::F64, 27..=28) => (2, 2, 512),
-            (Dtype::F64, _) => (4, 4, 128),
-            (Dtype::F32, 0..=2) => (2, 1, 64),
-            (Dtype::F32, 3..=4) => (1, 1, 128),
-            (Dtype::F32, 5..=7) => (2, 1, 256),
-            (Dtype::F32, 8) => (2, 2, 256),
-            (Dtype::F32, 9..=16) => (2, 1, 256),
-            (Dtype::F32, 17..=19) => (2, 1, 128),
-            (Dtype::F32, 20..=28) => (4, 2, 128),
-            (Dtype::F32, _) => (4, 4, 64),
-            (Dtype::F16, 0..=5) => (2, 2, 128),
-            (Dtype::F16, 6..=9) => (4, 2, 64),
-            (Dtype::F16, 10..=11) => (2, 2, 128),
-            (Dtype::F16, _) => (4, 2, 64),
+        // f64/f32 2..32: the winners of a `smallgemm tune --gpu` sweep on an H100 (every
+        // tile, block size and staging; docs/gpu-notes.md, version 4), as (rm, rn, tba of
+        // the square problem, staging); other shapes keep the winner's threads per block.
+        // Above 32, and f16 FMA kernels: wide tiles, flat staging.
+        let (rm, rn, want, stage) = match (p.dtype, big) {
+            (Dtype::F64 | Dtype::F32, 0..=32) => {
+                let n = big.max(2);
+                let (rm, rn, tba, stage) = if p.dtype == Dtype::F64 {
+                    H100_F64[n - 2]
+                } else {
+                    H100_F32[n - 2]
+                };
+                let square = (n.div_ceil(rm as usize) * n.div_ceil(rn as usize)) as u32;
+                (rm, rn, tba * square, stage)
+            }
+            (Dtype::F64, _) => (4, 4, 128, Staging::Padded),
+            (Dtype::F32, _) => (4, 4, 64, Staging::Padded),
+            (Dtype::F16, 0..=15) => {
+                let n = big.max(2);
+                let (rm, rn, tba, stage) = H100_F16[n - 2];
+                let square = (n.div_ceil(rm as usize) * n.div_ceil(rn as usize)) as u32;
+                (rm, rn, tba * square, stage)
+            }
+            (Dtype::F16, _) => (4, 4, 64, Staging::FlatC),
         };
         let s = GpuSchedule {
             rm,
@@ -389,6 +447,7 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             mma: None,
             warps: 1,
             accumulate: Accumulate::F32,
+            stage,
         };
         let tpp = s.resources(p).threads_per_problem.max(1);
         GpuSchedule {
@@ -481,6 +540,7 @@ mod tests {
             mma: None,
             warps: 1,
             accumulate: Accumulate::F32,
+            stage: Staging::Padded,
         };
         assert!(matches!(
             s.validate(&big, &t),
@@ -489,8 +549,12 @@ mod tests {
     }
 
     #[test]
-    fn f16_uses_tensor_cores_from_thirteen() {
+    fn f16_uses_tensor_cores_from_sixteen() {
         let t = GpuTarget::new(Sm::Sm80);
+        assert!(plan_gpu(&problem(Dtype::F16, 15), &t)
+            .unwrap()
+            .mma
+            .is_none());
         assert!(plan_gpu(&problem(Dtype::F16, 16), &t)
             .unwrap()
             .mma

@@ -27,7 +27,7 @@ mod target;
 pub use element::Element;
 pub use gpu::{
     plan_gpu, Accumulate, GpuResources, GpuSchedule, GpuScheduleError, GpuTarget, MmaShape,
-    SharedLayout, Sm,
+    SharedLayout, Sm, Staging,
 };
 pub use interp::{interpret, interpret_pointer_arrays, InterpError};
 pub use lower::{lower, LowerError};

@@ -9,6 +9,7 @@ use smallgemm::cuda::cudarc::driver::{CudaSlice, DevicePtr};
 use smallgemm::cuda::{self, f16, BatchKind, CudaError, Gpu, GpuElement, Group};
 use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 use smallgemm_ir::reference::{SplitMix64, TestData};
+use smallgemm_ir::{Accumulate, GpuSchedule, Staging};
 
 fn gpu(test: &str) -> Option<Gpu> {
     match Gpu::new(0) {
@@ -119,6 +120,15 @@ fn run_f<T: GpuElement + smallgemm::Element>(
     spec: &GemmSpec,
     seed: u64,
 ) -> Result<(), String> {
+    run_f_with::<T>(gpu, spec, seed, None)
+}
+
+fn run_f_with<T: GpuElement + smallgemm::Element>(
+    gpu: &Gpu,
+    spec: &GemmSpec,
+    seed: u64,
+    schedule: Option<&GpuSchedule>,
+) -> Result<(), String> {
     let batch = 37 + (seed as usize % 50);
     let mut data = TestData::<T>::new(spec, batch, seed);
     let (alpha, beta) = (value(spec.alpha(), 1.25), value(spec.beta(), -0.75));
@@ -126,7 +136,11 @@ fn run_f<T: GpuElement + smallgemm::Element>(
     let a = gpu.upload(&data.a).map_err(err)?;
     let b = gpu.upload(&data.b).map_err(err)?;
     let mut c = gpu.upload(data.c_mut()).map_err(err)?;
-    let k = gpu.kernel(spec, BatchKind::Strided).map_err(err)?;
+    let k = match schedule {
+        Some(s) => gpu.kernel_with_schedule(spec, BatchKind::Strided, s),
+        None => gpu.kernel(spec, BatchKind::Strided),
+    }
+    .map_err(err)?;
     k.launch_strided(gpu.stream(), &a, &b, &mut c, batch, alpha, beta)
         .map_err(err)?;
     let out = gpu.download(&c).map_err(err)?;
@@ -162,6 +176,91 @@ fn f64_and_f32_strided_match_the_reference() {
         }
     }
     println!("{count} f64/f32 specs checked, {} failed", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every staging (padded, flat A/B, flat A/B/C) under several tiles and block sizes, on
+/// packed batches (the flat spans) with transposes, row-major layouts and beta = 0 / != 0;
+/// batch lengths are not multiples of tba, so the last block's span ends early.
+#[test]
+fn every_staging_matches() {
+    let Some(gpu) = gpu("every_staging") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut count = 0;
+    let shapes = [
+        (1, 1, 1),
+        (2, 2, 2),
+        (3, 3, 3),
+        (3, 5, 7),
+        (5, 5, 5),
+        (7, 7, 7),
+        (9, 9, 9),
+        (13, 13, 13),
+        (17, 19, 20),
+        (24, 24, 24),
+        (30, 30, 30),
+        (32, 32, 32),
+    ];
+    for (i, &(m, n, k)) in shapes.iter().enumerate() {
+        for d in [Dtype::F64, Dtype::F32, Dtype::F16] {
+            let (ta, tb) = [
+                (Trans::N, Trans::N),
+                (Trans::T, Trans::N),
+                (Trans::N, Trans::T),
+                (Trans::T, Trans::T),
+            ][i % 4];
+            let (alpha, beta) = if i % 3 == 1 {
+                (Scalar::One, Scalar::Zero)
+            } else {
+                (Scalar::fixed(1.5).unwrap(), Scalar::fixed(0.5).unwrap())
+            };
+            let spec = GemmSpec::builder(d, m, n, k)
+                .trans_a(ta)
+                .trans_b(tb)
+                .layout(if i % 5 == 2 {
+                    Layout::RowMajor
+                } else {
+                    Layout::ColMajor
+                })
+                .alpha(alpha)
+                .beta(beta)
+                .build()
+                .unwrap();
+            let p = spec.col_major();
+            for (rm, rn) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4)] {
+                for stage in [Staging::Padded, Staging::Flat, Staging::FlatC] {
+                    for threads in [96u32, 512] {
+                        let mut s = GpuSchedule {
+                            rm,
+                            rn,
+                            tba: 1,
+                            mma: None,
+                            warps: 1,
+                            accumulate: Accumulate::F32,
+                            stage,
+                        };
+                        s.tba = (threads / s.fma_threads(&p)).max(1);
+                        if s.validate(&p, gpu.target()).is_err() {
+                            continue;
+                        }
+                        count += 1;
+                        let seed = count as u64;
+                        let r = match d {
+                            Dtype::F64 => run_f_with::<f64>(&gpu, &spec, seed, Some(&s)),
+                            Dtype::F32 => run_f_with::<f32>(&gpu, &spec, seed, Some(&s)),
+                            Dtype::F16 => run_f16_with(&gpu, &spec, seed, Some(&s)),
+                        };
+                        if let Err(e) = r {
+                            failures.push(e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    println!("{count} staged kernels checked, {} failed", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -206,6 +305,25 @@ const H_SENTINEL: f64 = -777.0;
 /// f16 harness: operands rounded to f16, reference in f64 from the same f16 values (the
 /// products are exact; the f64 sum is far more accurate than the f16 tolerance).
 fn run_f16(gpu: &Gpu, spec: &GemmSpec, seed: u64, kind: BatchKind) -> Result<(), String> {
+    run_f16_kernel(gpu, spec, seed, kind, None)
+}
+
+fn run_f16_with(
+    gpu: &Gpu,
+    spec: &GemmSpec,
+    seed: u64,
+    schedule: Option<&GpuSchedule>,
+) -> Result<(), String> {
+    run_f16_kernel(gpu, spec, seed, BatchKind::Strided, schedule)
+}
+
+fn run_f16_kernel(
+    gpu: &Gpu,
+    spec: &GemmSpec,
+    seed: u64,
+    kind: BatchKind,
+    schedule: Option<&GpuSchedule>,
+) -> Result<(), String> {
     let batch = 21 + (seed as usize % 30);
     let mut rng = SplitMix64::new(seed);
     let mut random =
@@ -236,7 +354,11 @@ fn run_f16(gpu: &Gpu, spec: &GemmSpec, seed: u64, kind: BatchKind) -> Result<(),
     let da = gpu.upload(&a).map_err(err)?;
     let db = gpu.upload(&b).map_err(err)?;
     let mut dc = gpu.upload(&c).map_err(err)?;
-    let k = gpu.kernel(spec, kind).map_err(err)?;
+    let k = match schedule {
+        Some(s) => gpu.kernel_with_schedule(spec, kind, s),
+        None => gpu.kernel(spec, kind),
+    }
+    .map_err(err)?;
     match kind {
         BatchKind::Strided => k
             .launch_strided(gpu.stream(), &da, &db, &mut dc, batch, alpha, beta)
@@ -470,6 +592,17 @@ fn variable<T: GpuElement + smallgemm::Element>(gpu: &Gpu, spec: &GemmSpec) -> R
         gpu.upload_raw(&pc).map_err(err)?,
     );
     let dd = gpu.upload_raw(&dims).map_err(err)?;
+    // A second set of C matrices (the same initial values) for the bucketed launch.
+    let mut c2 = Vec::new();
+    for p in problems.iter_mut() {
+        c2.push(gpu.upload(p.c_mut()).map_err(err)?);
+    }
+    let pc2: Vec<u64> = c2.iter().map(|c| c.device_ptr(s).0).collect();
+    let buckets = gpu
+        .bucket_variable(spec, &pa, &pb, &pc2, &dims)
+        .map_err(err)?;
+    // SAFETY: as below, with the second set of C matrices.
+    unsafe { buckets.launch::<T>(s, alpha, beta) }.map_err(err)?;
     let k = gpu.kernel(spec, BatchKind::VariableSize).map_err(err)?;
     // SAFETY: each pointer addresses its own problem's buffers, checked by check_dims.
     unsafe { k.launch_variable::<T>(s, &da, &db, &dc, &dd, problems.len(), alpha, beta) }
@@ -482,6 +615,18 @@ fn variable<T: GpuElement + smallgemm::Element>(gpu: &Gpu, spec: &GemmSpec) -> R
                 "{} in variable batch {}: {f}",
                 p.spec.name(),
                 spec.name()
+            ));
+        }
+    }
+    for (p, c) in problems.iter_mut().zip(&c2) {
+        let out = gpu.download(c).map_err(err)?;
+        p.c_mut().copy_from_slice(&out);
+        if let Some(f) = p.check(alpha, beta).failure {
+            return Err(format!(
+                "{} in bucketed variable batch {} ({} buckets): {f}",
+                p.spec.name(),
+                spec.name(),
+                buckets.buckets()
             ));
         }
     }

@@ -263,6 +263,75 @@ impl Probe {
         }
     }
 
+    /// Times the variable-size batch split into buckets ([`Gpu::bucket_variable_on`]) run
+    /// `lanes` at a time, with the default schedules.
+    pub fn time_bucketed(
+        &mut self,
+        gpu: &Gpu,
+        dtype: Dtype,
+        lanes: usize,
+        reps: usize,
+    ) -> Result<Row, CudaError> {
+        let bytes = self.buffer_bytes;
+        match dtype {
+            Dtype::F64 => {
+                let b = match &mut self.f64 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                variable::<f64>(gpu, b, reps, None, Some(lanes))
+            }
+            Dtype::F32 => {
+                let b = match &mut self.f32 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                variable::<f32>(gpu, b, reps, None, Some(lanes))
+            }
+            Dtype::F16 => {
+                let b = match &mut self.f16 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                variable::<f16>(gpu, b, reps, None, Some(lanes))
+            }
+        }
+    }
+
+    /// Times the variable-size batch (sizes uniform in 1..=32) under `schedule`.
+    pub fn time_variable(
+        &mut self,
+        gpu: &Gpu,
+        dtype: Dtype,
+        schedule: &GpuSchedule,
+        reps: usize,
+    ) -> Result<Row, CudaError> {
+        let bytes = self.buffer_bytes;
+        match dtype {
+            Dtype::F64 => {
+                let b = match &mut self.f64 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                variable::<f64>(gpu, b, reps, Some(schedule), None)
+            }
+            Dtype::F32 => {
+                let b = match &mut self.f32 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                variable::<f32>(gpu, b, reps, Some(schedule), None)
+            }
+            Dtype::F16 => {
+                let b = match &mut self.f16 {
+                    Some(b) => b,
+                    slot => slot.insert(buffers(gpu, bytes)?),
+                };
+                variable::<f16>(gpu, b, reps, Some(schedule), None)
+            }
+        }
+    }
+
     pub fn time(
         &mut self,
         gpu: &Gpu,
@@ -303,13 +372,18 @@ fn variable<T: GpuElement>(
     gpu: &Gpu,
     bufs: &mut Buffers<T>,
     reps: usize,
+    schedule: Option<&GpuSchedule>,
+    bucketed: Option<usize>,
 ) -> Result<Row, CudaError> {
     let max = 32;
     let spec = GemmSpec::builder(T::DTYPE, max, max, max)
         .alpha(Scalar::fixed(1.5)?)
         .beta(Scalar::fixed(0.5)?)
         .build()?;
-    let kernel = gpu.kernel(&spec, BatchKind::VariableSize)?;
+    let kernel = match schedule {
+        Some(s) => gpu.kernel_with_schedule(&spec, BatchKind::VariableSize, s)?,
+        None => gpu.kernel(&spec, BatchKind::VariableSize)?,
+    };
     let mut rng = SplitMix64::new(7);
     let (mut dims, mut pa, mut pb, mut pc) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut oa, mut ob, mut oc) = (0usize, 0usize, 0usize);
@@ -342,14 +416,23 @@ fn variable<T: GpuElement>(
         gpu.upload_raw(&pc)?,
     );
     let dd = gpu.upload_raw(&dims)?;
-    let ours = time(gpu, &stream, reps, || {
-        // SAFETY: every pointer addresses its problem's tight matrices inside the buffers,
-        // and the C matrices are disjoint (consecutive offsets).
-        unsafe { kernel.launch_variable::<T>(&stream, &da, &db, &dc, &dd, batch, 1.5, 0.5) }
-    })?;
+    let ours = if let Some(lanes) = bucketed {
+        let buckets = gpu.bucket_variable_on(&spec, &pa, &pb, &pc, &dims, lanes)?;
+        time(gpu, &stream, reps, || {
+            // SAFETY: as below, the same pointers.
+            unsafe { buckets.launch::<T>(&stream, 1.5, 0.5) }
+        })?
+    } else {
+        time(gpu, &stream, reps, || {
+            // SAFETY: every pointer addresses its problem's tight matrices inside the
+            // buffers, and the C matrices are disjoint (consecutive offsets).
+            unsafe { kernel.launch_variable::<T>(&stream, &da, &db, &dc, &dd, batch, 1.5, 0.5) }
+        })?
+    };
     Ok(Row {
         dtype: T::DTYPE,
-        n: 0,
+        // 0: one launch; 1: bucketed by size (BucketedBatch).
+        n: usize::from(bucketed.is_some()),
         batch,
         bytes,
         flops,
@@ -385,7 +468,11 @@ pub fn run(
             );
         }
         if cfg.variable.contains(&Dtype::F64) {
-            push(variable(gpu, &mut bufs, cfg.reps)?, &mut rows);
+            push(variable(gpu, &mut bufs, cfg.reps, None, None)?, &mut rows);
+            push(
+                variable(gpu, &mut bufs, cfg.reps, None, Some(4))?,
+                &mut rows,
+            );
         }
     }
     if !cfg.f32_sizes.is_empty() || cfg.variable.contains(&Dtype::F32) {
@@ -397,7 +484,11 @@ pub fn run(
             );
         }
         if cfg.variable.contains(&Dtype::F32) {
-            push(variable(gpu, &mut bufs, cfg.reps)?, &mut rows);
+            push(variable(gpu, &mut bufs, cfg.reps, None, None)?, &mut rows);
+            push(
+                variable(gpu, &mut bufs, cfg.reps, None, Some(4))?,
+                &mut rows,
+            );
         }
     }
     if !cfg.f16_sizes.is_empty() {
@@ -436,13 +527,18 @@ impl Report {
     pub fn line(r: &Row, bw: f64) -> String {
         let size = if r.n == 0 {
             "1..32".to_string()
+        } else if r.n == 1 {
+            "1..32b".to_string()
         } else {
             r.n.to_string()
         };
         let gf = |t: f64| r.flops / t / 1e9;
         let sched = match r.schedule.mma {
             Some(_) => format!("mma w{} tba{}", r.schedule.warps, r.schedule.tba),
-            None => format!("r{}x{} tba{}", r.schedule.rm, r.schedule.rn, r.schedule.tba),
+            None => format!(
+                "r{}x{} tba{} {:?}",
+                r.schedule.rm, r.schedule.rn, r.schedule.tba, r.schedule.stage
+            ),
         };
         format!(
             "{:<5} {:>5} {:>9} {:>10.1} {:>11.1}% {:>12} {:>13} {:>8}  {}",
@@ -500,7 +596,7 @@ impl Report {
             let rows: Vec<&Row> = self
                 .rows
                 .iter()
-                .filter(|r| r.dtype == *d && r.n > 0)
+                .filter(|r| r.dtype == *d && r.n > 1)
                 .collect();
             let y0 = i as f64 * h;
             let nmax = rows.iter().map(|r| r.n).max().unwrap_or(1) as f64;

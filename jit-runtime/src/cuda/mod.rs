@@ -164,6 +164,31 @@ pub struct Gpu {
     name: String,
     cache: Mutex<HashMap<CacheKey, Arc<GpuKernel>>>,
     compilations: AtomicUsize,
+    /// This device's entries of the tuning database (`smallgemm tune --gpu`), by key
+    /// ([`gpu_tuning_key`]).
+    tuned: HashMap<String, GpuSchedule>,
+}
+
+/// The key of a GPU schedule in the tuning database's `gpu` section: the device's name,
+/// the batch form and the shape key of the CPU entries ([`crate::tuning::shape_key`]:
+/// dtype, sizes and transposes of the column-major problem).
+pub fn gpu_tuning_key(device: &str, spec: &GemmSpec, kind: BatchKind) -> String {
+    let form = match kind {
+        BatchKind::Strided => "strided",
+        BatchKind::PointerArray => "pointers",
+        BatchKind::VariableSize => "variable",
+    };
+    format!("{device} | {form} {}", crate::tuning::shape_key(spec))
+}
+
+/// The entries of `db`'s `gpu` section that belong to `device` and parse as schedules.
+pub fn tuned_schedules(db: &crate::tuning::TuningDb, device: &str) -> HashMap<String, GpuSchedule> {
+    let prefix = format!("{device} | ");
+    db.gpu
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .filter_map(|(k, v)| Some((k.clone(), serde_json::from_value(v.clone()).ok()?)))
+        .collect()
 }
 
 impl std::fmt::Debug for Gpu {
@@ -196,6 +221,12 @@ impl Gpu {
         }
         let name = ctx.name()?;
         let stream = ctx.default_stream();
+        // Tuned schedules of this device, if a database exists (an unreadable one is
+        // ignored: the planner's defaults are always valid).
+        let tuned = crate::tuning::default_path()
+            .and_then(|p| crate::tuning::TuningDb::load(&p).ok())
+            .map(|db| tuned_schedules(&db, &name))
+            .unwrap_or_default();
         Ok(Gpu {
             ctx,
             stream,
@@ -203,6 +234,7 @@ impl Gpu {
             name,
             cache: Mutex::new(HashMap::new()),
             compilations: AtomicUsize::new(0),
+            tuned,
         })
     }
 
@@ -243,9 +275,23 @@ impl Gpu {
         Ok(self.stream.clone_dtoh(data)?)
     }
 
-    /// The kernel for `spec` and `kind` with the planned schedule, compiled on first use.
+    /// The kernel for `spec` and `kind`, compiled on first use: with the schedule the tuning
+    /// database holds for this device and shape, else the planned one.
     pub fn kernel(&self, spec: &GemmSpec, kind: BatchKind) -> Result<Arc<GpuKernel>, CudaError> {
+        if let Some(s) = self.tuned.get(&gpu_tuning_key(&self.name, spec, kind)) {
+            // A tuned entry that does not fit this spec (other leading dimensions, say)
+            // falls back to the planner.
+            if let Ok(k) = self.get_or_compile((*spec, kind, Some(*s))) {
+                return Ok(k);
+            }
+        }
         self.get_or_compile((*spec, kind, None))
+    }
+
+    /// Replaces this device's tuned schedules (normally read from the tuning database when
+    /// the `Gpu` is opened); an empty map makes every kernel use the planner's schedule.
+    pub fn set_tuned(&mut self, tuned: HashMap<String, GpuSchedule>) {
+        self.tuned = tuned;
     }
 
     /// The kernel with an explicit schedule (for tuning), cached separately.
@@ -584,4 +630,189 @@ pub fn check_dims(spec: &GemmSpec, dims: &[u32]) -> Result<(), CudaError> {
         }
     }
     Ok(())
+}
+
+/// One bucket of a [`BucketedBatch`]: its kernel and its problems' arrays on the device.
+struct Bucket {
+    kernel: Arc<GpuKernel>,
+    a: CudaSlice<u64>,
+    b: CudaSlice<u64>,
+    c: CudaSlice<u64>,
+    dims: CudaSlice<u32>,
+    len: usize,
+}
+
+/// A variable-size batch split by size for repeated launches: each problem goes to the
+/// bucket of its m and n rounded up to a multiple of 8, and each bucket runs the
+/// variable-size kernel sized by its bound, up to four buckets at a time on their own
+/// streams. A single launch sized by
+/// the largest problem gives every small problem the threads and shared memory of the
+/// largest; here a problem's slot is at most 8 rows and columns larger than the problem.
+pub struct BucketedBatch {
+    buckets: Vec<Bucket>,
+    /// Streams the buckets run on concurrently (the tail of one bucket's grid overlaps the
+    /// next bucket's blocks); joined back into the caller's stream after each launch.
+    lanes: Vec<Arc<CudaStream>>,
+}
+
+impl std::fmt::Debug for BucketedBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BucketedBatch({} buckets)", self.buckets.len())
+    }
+}
+
+impl BucketedBatch {
+    /// Buckets (kernel launches per call).
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Launches every bucket on `stream`, in order.
+    ///
+    /// # Safety
+    /// As [`GpuKernel::launch_variable`] for the pointers given to [`Gpu::bucket_variable`]:
+    /// they must still address live matrices of each problem's extent, C matrices disjoint.
+    pub unsafe fn launch<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        alpha: f64,
+        beta: f64,
+    ) -> Result<(), CudaError> {
+        for lane in &self.lanes {
+            lane.join(stream)?;
+        }
+        for (i, b) in self.buckets.iter().enumerate() {
+            let lane = &self.lanes[i % self.lanes.len()];
+            b.kernel
+                .launch_variable::<T>(lane, &b.a, &b.b, &b.c, &b.dims, b.len, alpha, beta)?;
+        }
+        for lane in &self.lanes {
+            stream.join(lane)?;
+        }
+        Ok(())
+    }
+}
+
+impl Gpu {
+    /// Splits a variable-size batch, given on the host as pointer arrays and six u32 per
+    /// problem (`m, n, k, lda, ldb, ldc`, as for [`GpuKernel::launch_variable`]; every size
+    /// at most `spec`'s), into buckets by size (see [`BucketedBatch`]), compiles each
+    /// bucket's kernel (the layout, transposes and scalars of `spec`) and uploads each
+    /// bucket's arrays. Problems with m = 0 or n = 0 have nothing to compute and are left out.
+    pub fn bucket_variable(
+        &self,
+        spec: &GemmSpec,
+        a: &[u64],
+        b: &[u64],
+        c: &[u64],
+        dims: &[u32],
+    ) -> Result<BucketedBatch, CudaError> {
+        self.bucket_variable_on(spec, a, b, c, dims, 4)
+    }
+
+    /// [`Self::bucket_variable`] with up to `lanes` buckets running concurrently.
+    pub fn bucket_variable_on(
+        &self,
+        spec: &GemmSpec,
+        a: &[u64],
+        b: &[u64],
+        c: &[u64],
+        dims: &[u32],
+        lanes: usize,
+    ) -> Result<BucketedBatch, CudaError> {
+        let batch = a.len();
+        if b.len() != batch || c.len() != batch || dims.len() != 6 * batch {
+            return Err(CudaError::BufferTooShort {
+                what: "pointer arrays and dims of one length".into(),
+                len: b.len().min(c.len()).min(dims.len() / 6),
+                required: batch,
+                batch,
+            });
+        }
+        check_dims(spec, dims)?;
+        let bound = |v: u32, step: usize| (v as usize).div_ceil(step).max(1) * step;
+        let mut groups: std::collections::BTreeMap<(usize, usize, usize), Vec<usize>> =
+            std::collections::BTreeMap::new();
+        for (i, d) in dims.chunks(6).enumerate() {
+            if d[0] == 0 || d[1] == 0 {
+                continue;
+            }
+            let key = (
+                bound(d[0], 8).min(spec.m()),
+                bound(d[1], 8).min(spec.n()),
+                // k only bounds the unrolled loop, which each problem leaves at its own k.
+                spec.k(),
+            );
+            groups.entry(key).or_default().push(i);
+        }
+        let mut buckets = Vec::new();
+        // Largest buckets first: the small ones fill the tails of the large ones' grids.
+        let mut groups: Vec<_> = groups.into_iter().collect();
+        groups.sort_by_key(|((m, n, _), members)| std::cmp::Reverse(m * n * members.len()));
+        for ((m, n, k), members) in groups {
+            let sub = GemmSpec::builder(spec.dtype(), m, n, k)
+                .layout(spec.layout())
+                .trans_a(spec.trans_a())
+                .trans_b(spec.trans_b())
+                .alpha(spec.alpha())
+                .beta(spec.beta())
+                .build()?;
+            let kernel = self.kernel(&sub, BatchKind::VariableSize)?;
+            let pick = |v: &[u64]| members.iter().map(|&i| v[i]).collect::<Vec<u64>>();
+            let d: Vec<u32> = members
+                .iter()
+                .flat_map(|&i| dims[6 * i..6 * i + 6].iter().copied())
+                .collect();
+            buckets.push(Bucket {
+                kernel,
+                a: self.upload_raw(&pick(a))?,
+                b: self.upload_raw(&pick(b))?,
+                c: self.upload_raw(&pick(c))?,
+                dims: self.upload_raw(&d)?,
+                len: members.len(),
+            });
+        }
+        let lanes = (0..buckets.len().clamp(1, lanes.max(1)))
+            .map(|_| self.stream().fork())
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(BucketedBatch { buckets, lanes })
+    }
+}
+
+#[cfg(test)]
+mod tuning_tests {
+    use super::*;
+    use smallgemm_ir::{Accumulate, Dtype, Staging};
+
+    #[test]
+    fn gpu_entries_round_trip_through_the_tuning_database() {
+        let spec = GemmSpec::builder(Dtype::F32, 17, 17, 17).build().unwrap();
+        let s = GpuSchedule {
+            rm: 4,
+            rn: 4,
+            tba: 5,
+            mma: None,
+            warps: 1,
+            accumulate: Accumulate::F32,
+            stage: Staging::Flat,
+        };
+        let mut db = crate::tuning::TuningDb {
+            version: crate::tuning::VERSION,
+            ..Default::default()
+        };
+        let key = gpu_tuning_key("NVIDIA H100 80GB HBM3", &spec, BatchKind::Strided);
+        db.gpu.insert(key.clone(), serde_json::to_value(s).unwrap());
+        db.gpu.insert(
+            gpu_tuning_key("NVIDIA H200", &spec, BatchKind::Strided),
+            serde_json::to_value(s).unwrap(),
+        );
+        db.gpu
+            .insert("NVIDIA H100 80GB HBM3 | junk".into(), serde_json::json!(3));
+        let text = serde_json::to_string(&db).unwrap();
+        let back: crate::tuning::TuningDb = serde_json::from_str(&text).unwrap();
+        let tuned = tuned_schedules(&back, "NVIDIA H100 80GB HBM3");
+        assert_eq!(tuned.len(), 1);
+        assert_eq!(tuned.get(&key), Some(&s));
+        assert_eq!(key, "NVIDIA H100 80GB HBM3 | strided f32 17x17x17 nn");
+    }
 }
