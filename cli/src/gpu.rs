@@ -401,6 +401,9 @@ struct BenchArgs {
     /// Folder for bench.csv and bench.svg.
     #[arg(long, default_value = "gpu-bench")]
     out: PathBuf,
+    /// Only the f16 sizes (no f64/f32, no variable-size batches).
+    #[arg(long)]
+    f16_only: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -415,6 +418,11 @@ fn run_bench(args: &BenchArgs) -> Result<ExitCode, String> {
         cfg.f64_sizes = vec![2, 4, 8, 16, 24, 32];
         cfg.f32_sizes = vec![2, 4, 8, 16, 24, 32];
         cfg.f16_sizes = vec![2, 8, 16, 32, 64, 128];
+    }
+    if args.f16_only {
+        cfg.f64_sizes.clear();
+        cfg.f32_sizes.clear();
+        cfg.variable.clear();
     }
     println!("device {} ({})", gpu.name(), gpu.target().sm);
     println!("dtype     n     batch  ours GF/s  ours %bound  cuBLAS GF/s  cuBLAS %bound  speedup  schedule");
@@ -457,6 +465,9 @@ struct TuneArgs {
     /// (`Gpu::kernel`) uses the entries of its device.
     #[arg(long)]
     db: Option<PathBuf>,
+    /// f16: only the tensor-core candidates (both fragment loaders).
+    #[arg(long)]
+    mma_only: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -489,6 +500,7 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
                 warps: 1,
                 accumulate: Accumulate::F32,
                 stage,
+                ldmatrix: false,
             };
             let tpp = s.fma_threads(&p);
             s.tba = (threads / tpp).max(1);
@@ -504,17 +516,20 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
     if spec.dtype() == Dtype::F16 && spec.m().max(spec.n()) >= 8 {
         for warps in [1, 2, 4, 8] {
             for tba in [1, 2, 4] {
-                let s = GpuSchedule {
-                    rm: 1,
-                    rn: 1,
-                    tba,
-                    mma: Some(MmaShape::M16N8K16),
-                    warps,
-                    accumulate: Accumulate::F32,
-                    stage: Staging::Padded,
-                };
-                if s.validate(&p, target).is_ok() && warps * tba <= 16 {
-                    out.push(s);
+                for ldmatrix in [false, true] {
+                    let s = GpuSchedule {
+                        rm: 1,
+                        rn: 1,
+                        tba,
+                        mma: Some(MmaShape::M16N8K16),
+                        warps,
+                        accumulate: Accumulate::F32,
+                        stage: Staging::Padded,
+                        ldmatrix,
+                    };
+                    if s.validate(&p, target).is_ok() && warps * tba <= 16 {
+                        out.push(s);
+                    }
                 }
             }
         }
@@ -594,7 +609,10 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                 .map_err(|e| e.to_string())?;
             let mut best: Option<(f64, GpuSchedule)> = None;
             let mut line = format!("{} n={n}:", d.name());
-            for s in candidates(&spec, gpu.target()) {
+            for s in candidates(&spec, gpu.target())
+                .into_iter()
+                .filter(|s| !args.mma_only || s.mma.is_some())
+            {
                 match probe.time(&gpu, d, n, &s, args.reps) {
                     Ok(row) => {
                         let gf = row.flops / row.ours_s / 1e9;
@@ -621,7 +639,12 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
 
 fn short(s: &GpuSchedule) -> String {
     match s.mma {
-        Some(_) => format!("mma w{} tba{}", s.warps, s.tba),
+        Some(_) => format!(
+            "mma w{} tba{}{}",
+            s.warps,
+            s.tba,
+            if s.ldmatrix { " ldm" } else { "" }
+        ),
         None => format!(
             "r{}x{} tba{}{}",
             s.rm,

@@ -1444,12 +1444,50 @@ fn mma_body(
         asm.op(format!("mad.lo.u32 {r}, {gid}, {}, {r}", 2 * row_stride));
         r
     };
-    let a_lane = lane_off(asm, layout.a_row, layout.a_col);
-    let b_lane = lane_off(asm, layout.b_col, layout.b_row);
     let (a_row, a_col, b_row, b_col) = (layout.a_row, layout.a_col, layout.b_row, layout.b_col);
+    let ldm = s.ldmatrix;
+    let (a_lane, b_lane) = if ldm {
+        // ldmatrix: lane l gives the address of row l % 8 of 8x8 matrix l / 8, a row being
+        // 8 halves contiguous in shared memory (16-byte aligned: the padded leading
+        // dimensions are multiples of 8 halves, tiles start at multiples of 8). A's four
+        // matrices are (rows, k) = (0, 0), (8, 0), (0, 8), (8, 8); B's two are k = 0, 8.
+        // Stored with rows contiguous (A not transposed, B transposed) the matrices are
+        // read with `.trans`, which hands each lane the same elements as the mma layout.
+        let a_step = if a_row == 1 { a_col } else { a_row };
+        let b_step = if b_row == 1 { b_col } else { b_row };
+        let r = asm.reg(Kind::B32);
+        asm.op(format!("and.b32 {r}, {lane}, 7"));
+        let j0 = asm.reg(Kind::B32);
+        asm.op(format!("bfe.u32 {j0}, {lane}, 3, 1"));
+        let j1 = asm.reg(Kind::B32);
+        asm.op(format!("bfe.u32 {j1}, {lane}, 4, 1"));
+        let a = asm.reg(Kind::B32);
+        asm.op(format!("mul.lo.u32 {a}, {r}, {}", 2 * a_step));
+        asm.op(format!("mad.lo.u32 {a}, {j0}, {}, {a}", 16 * a_row));
+        asm.op(format!("mad.lo.u32 {a}, {j1}, {}, {a}", 16 * a_col));
+        let b = asm.reg(Kind::B32);
+        asm.op(format!("mul.lo.u32 {b}, {r}, {}", 2 * b_step));
+        asm.op(format!("mad.lo.u32 {b}, {j0}, {}, {b}", 16 * b_row));
+        (a, b)
+    } else {
+        (
+            lane_off(asm, layout.a_row, layout.a_col),
+            lane_off(asm, layout.b_col, layout.b_row),
+        )
+    };
+    let a_trans = if a_row == 1 { ".trans" } else { "" };
+    let b_trans = if b_row == 1 { "" } else { ".trans" };
     let load_a = |asm: &mut Asm, abase: &str, k: usize| -> [String; 4] {
-        // {a0 a1}: (gid, 2tig), {a2 a3}: row + 8, {a4 a5}: k + 8, {a6 a7}: both.
         let kb = k * 16 * a_col * 2;
+        if ldm {
+            let r: [String; 4] = std::array::from_fn(|_| asm.reg(Kind::B32));
+            asm.op(format!(
+                "ldmatrix.sync.aligned.m8n8.x4{a_trans}.shared.b16 {{{}}}, [{abase}+{kb}]",
+                r.join(", ")
+            ));
+            return r;
+        }
+        // {a0 a1}: (gid, 2tig), {a2 a3}: row + 8, {a4 a5}: k + 8, {a6 a7}: both.
         let offs = [
             kb,
             kb + 8 * a_row * 2,
@@ -1459,8 +1497,16 @@ fn mma_body(
         offs.map(|o| pair(asm, abase, o, a_col))
     };
     let load_b = |asm: &mut Asm, bbase: &str, k: usize| -> [String; 2] {
-        // {b0 b1}: (2tig, gid), {b2 b3}: k + 8.
         let kb = k * 16 * b_row * 2;
+        if ldm {
+            let r: [String; 2] = std::array::from_fn(|_| asm.reg(Kind::B32));
+            asm.op(format!(
+                "ldmatrix.sync.aligned.m8n8.x2{b_trans}.shared.b16 {{{}}}, [{bbase}+{kb}]",
+                r.join(", ")
+            ));
+            return r;
+        }
+        // {b0 b1}: (2tig, gid), {b2 b3}: k + 8.
         [kb, kb + 8 * b_row * 2].map(|o| pair(asm, bbase, o, b_row))
     };
     let tile_base = |asm: &mut Asm, base: &str, t: &str, bytes: usize, lane: &str| -> String {

@@ -109,7 +109,14 @@ pub fn scalar_dtype(dtype: Dtype) -> Dtype {
 /// The kernel's entry name for `spec`, `kind` and `schedule` (unique per cache key).
 pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     let mma = match s.mma {
-        Some(m) => format!("_mma{}x{}x{}w{}", m.m, m.n, m.k, s.warps),
+        Some(m) => format!(
+            "_mma{}x{}x{}w{}{}",
+            m.m,
+            m.n,
+            m.k,
+            s.warps,
+            if s.ldmatrix { "_ldm" } else { "" }
+        ),
         None => format!(
             "_r{}x{}{}",
             s.rm,

@@ -161,6 +161,11 @@ pub struct GpuSchedule {
     /// Shared-memory staging of FMA kernels (ignored by tensor-core kernels).
     #[serde(default)]
     pub stage: Staging,
+    /// Tensor-core kernels: load the A and B fragments with `ldmatrix` (one instruction per
+    /// fragment, transposing where the operand is stored the other way) instead of 16/32-bit
+    /// shared loads. Ignored by FMA kernels.
+    #[serde(default)]
+    pub ldmatrix: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -385,6 +390,36 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
     (4, 2, 7, FC), (4, 4, 8, FC), (4, 4, 8, FC), (4, 4, 16, FC), // 12..15
 ];
 
+/// f16 tensor-core winners for n = 16..=105 on an H100 (`smallgemm tune --gpu --dtype f16
+/// --mma-only`, every warp count, tba and fragment loader; two calls, the second stopped by
+/// its time limit after 105): (warps, tba, loader), `L` = `ldmatrix`, `S` = 16/32-bit
+/// shared loads. Above 105 (not swept): 8 warps, one problem, `ldmatrix`.
+#[rustfmt::skip]
+const H100_F16_MMA: [(u32, u32, Frag); 90] = [
+    (1, 2, L), (1, 2, L), (1, 4, L), (1, 2, L), (1, 1, L), (1, 1, L), // 16..21
+    (1, 1, L), (1, 1, L), (2, 2, L), (1, 1, L), (1, 1, L), (1, 1, S), // 22..27
+    (1, 1, S), (1, 1, L), (1, 1, L), (1, 1, L), (4, 1, L), (1, 1, L), // 28..33
+    (1, 2, L), (1, 1, L), (1, 2, L), (1, 1, L), (1, 2, L), (1, 1, L), // 34..39
+    (1, 2, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), // 40..45
+    (8, 1, L), (8, 1, L), (8, 2, L), (8, 1, L), (8, 1, L), (8, 1, L), // 46..51
+    (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (1, 1, L), (8, 1, L), // 52..57
+    (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), // 58..63
+    (8, 1, S), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), // 64..69
+    (8, 1, L), (8, 2, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), // 70..75
+    (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 2, L), // 76..81
+    (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), // 82..87
+    (8, 2, L), (8, 2, L), (8, 1, L), (8, 2, L), (8, 1, L), (8, 2, L), // 88..93
+    (8, 1, L), (8, 1, L), (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), // 94..99
+    (8, 1, L), (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), // 100..105
+];
+
+#[derive(Clone, Copy)]
+enum Frag {
+    L,
+    S,
+}
+use Frag::{L, S};
+
 /// The default schedule for `p` on `target`: lightweight blocks (paper 001) of about 128-256
 /// threads; a register tile grows with the size so that a thread does enough FMAs per
 /// shared-memory load; tensor cores for f16 from 16 up (below, FMA kernels with flat
@@ -393,17 +428,12 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
 pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, GpuScheduleError> {
     let big = p.m.max(p.n);
     let mut s = if p.dtype == Dtype::F16 && big >= 16 {
-        // Tensor cores; warps per problem and problems per block from the H200 sweep:
-        // light blocks up to ~40, then 8 warps.
+        // Tensor cores; warps per problem, problems per block and the fragment loader
+        // from the H100 sweep (mostly one warp up to 40, then 8 warps).
         let tiles = (p.m.div_ceil(16) * p.n.div_ceil(8)) as u32;
-        let (warps, tba) = match big {
-            0..=16 => (1, 2),
-            17..=20 => (1, 1),
-            21..=24 => (2, 2),
-            25..=32 => (4, 4),
-            33..=40 => (1, 1),
-            41..=48 => (8, 2),
-            _ => (8, 1),
+        let (warps, tba, frag) = match big {
+            16..=105 => H100_F16_MMA[big - 16],
+            _ => (8, 1, L),
         };
         GpuSchedule {
             rm: 1,
@@ -413,6 +443,7 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             warps: warps.min(tiles).max(1),
             accumulate: Accumulate::F32,
             stage: Staging::Padded,
+            ldmatrix: matches!(frag, L),
         }
     } else {
         // f64/f32 2..32: the winners of a `smallgemm tune --gpu` sweep on an H100 (every
@@ -448,6 +479,7 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             warps: 1,
             accumulate: Accumulate::F32,
             stage,
+            ldmatrix: false,
         };
         let tpp = s.resources(p).threads_per_problem.max(1);
         GpuSchedule {
@@ -541,6 +573,7 @@ mod tests {
             warps: 1,
             accumulate: Accumulate::F32,
             stage: Staging::Padded,
+            ldmatrix: false,
         };
         assert!(matches!(
             s.validate(&big, &t),

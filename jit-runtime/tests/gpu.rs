@@ -240,6 +240,7 @@ fn every_staging_matches() {
                             warps: 1,
                             accumulate: Accumulate::F32,
                             stage,
+                            ldmatrix: false,
                         };
                         s.tba = (threads / s.fma_threads(&p)).max(1);
                         if s.validate(&p, gpu.target()).is_err() {
@@ -436,6 +437,57 @@ fn f16_matches_the_reference() {
         }
     }
     println!("{} f16 specs checked, {} failed", all.len(), failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Both tensor-core fragment loaders (16/32-bit shared loads and `ldmatrix`) under several
+/// warp counts and problems per block, every transpose, padded leading dimensions, and the
+/// square sizes 16..=128.
+#[test]
+fn f16_mma_loaders_match() {
+    let Some(gpu) = gpu("f16_mma_loaders") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut count = 0;
+    let mut all: Vec<GemmSpec> = specs(Dtype::F16)
+        .into_iter()
+        .filter(|s| s.m().max(s.n()) >= 8)
+        .collect();
+    for n in (16..=128).step_by(7) {
+        all.push(
+            GemmSpec::builder(Dtype::F16, n, n, n)
+                .alpha(Scalar::fixed(1.5).unwrap())
+                .beta(Scalar::fixed(0.5).unwrap())
+                .build()
+                .unwrap(),
+        );
+    }
+    for (i, spec) in all.iter().enumerate() {
+        let p = spec.col_major();
+        for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
+            for ldmatrix in [false, true] {
+                let s = GpuSchedule {
+                    rm: 1,
+                    rn: 1,
+                    tba,
+                    mma: Some(smallgemm_ir::MmaShape::M16N8K16),
+                    warps,
+                    accumulate: Accumulate::F32,
+                    stage: Staging::Padded,
+                    ldmatrix,
+                };
+                if s.validate(&p, gpu.target()).is_err() {
+                    continue;
+                }
+                count += 1;
+                if let Err(e) = run_f16_with(&gpu, spec, 900 + (i * 7 + count) as u64, Some(&s)) {
+                    failures.push(format!("{s:?}: {e}"));
+                }
+            }
+        }
+    }
+    println!("{count} f16 mma kernels checked, {} failed", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

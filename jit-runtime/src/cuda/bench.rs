@@ -534,7 +534,12 @@ impl Report {
         };
         let gf = |t: f64| r.flops / t / 1e9;
         let sched = match r.schedule.mma {
-            Some(_) => format!("mma w{} tba{}", r.schedule.warps, r.schedule.tba),
+            Some(_) => format!(
+                "mma w{} tba{}{}",
+                r.schedule.warps,
+                r.schedule.tba,
+                if r.schedule.ldmatrix { " ldm" } else { "" }
+            ),
             None => format!(
                 "r{}x{} tba{} {:?}",
                 r.schedule.rm, r.schedule.rn, r.schedule.tba, r.schedule.stage

@@ -795,6 +795,7 @@ mod tuning_tests {
             warps: 1,
             accumulate: Accumulate::F32,
             stage: Staging::Flat,
+            ldmatrix: false,
         };
         let mut db = crate::tuning::TuningDb {
             version: crate::tuning::VERSION,
