@@ -5,8 +5,9 @@
 //! in a read-mostly map (a shared read lock, a fast non-cryptographic hash: the keys are
 //! our own specs, not attacker-chosen) in front of the map that coordinates compilations.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use rustc_hash::FxHashMap;
@@ -18,13 +19,34 @@ use crate::Error;
 type Key = (GemmSpec, Target, Option<Schedule>);
 type Slot = Arc<OnceLock<Result<Arc<Kernel>, Error>>>;
 
-#[derive(Default)]
+thread_local! {
+    /// The kernel this thread got last, with its cache's id and key: a caller that asks for
+    /// the same kernel again (a loop of calls) finds it without touching a lock. It keeps
+    /// that kernel alive until the thread's next lookup elsewhere, or its end.
+    static LAST_HIT: RefCell<Option<(u64, Key, Arc<Kernel>)>> = const { RefCell::new(None) };
+}
+
+/// Ids of caches, never reused: a thread's last hit names the cache it came from.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
 pub(crate) struct KernelCache {
+    id: u64,
     /// Kernels compiled successfully: the hit path reads only this.
     ready: RwLock<FxHashMap<Key, Arc<Kernel>>>,
     /// One slot per key ever asked for, holding its kernel or its error once compiled.
     slots: Mutex<HashMap<Key, Slot>>,
     compilations: AtomicUsize,
+}
+
+impl Default for KernelCache {
+    fn default() -> Self {
+        KernelCache {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ready: RwLock::default(),
+            slots: Mutex::default(),
+            compilations: AtomicUsize::new(0),
+        }
+    }
 }
 
 impl KernelCache {
@@ -37,13 +59,22 @@ impl KernelCache {
     ) -> Result<Arc<Kernel>, Error> {
         // A panic elsewhere while holding a lock leaves the maps consistent (insertions are
         // single calls), so a poisoned lock is still usable.
-        if let Some(kernel) = self
+        let last = LAST_HIT.with(|last| match &*last.borrow() {
+            Some((id, k, kernel)) if *id == self.id && *k == key => Some(kernel.clone()),
+            _ => None,
+        });
+        if let Some(kernel) = last {
+            return Ok(kernel);
+        }
+        let ready = self
             .ready
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(&key)
-        {
-            return Ok(kernel.clone());
+            .cloned();
+        if let Some(kernel) = ready {
+            LAST_HIT.with(|last| *last.borrow_mut() = Some((self.id, key, kernel.clone())));
+            return Ok(kernel);
         }
         let slot = {
             let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
