@@ -98,7 +98,35 @@ pub struct Kernel {
     /// compiled on the first such call; None where it does not pay (or failed to compile:
     /// the kernel's own code then runs, correct and a little slower).
     streaming: OnceLock<Option<ExecutableCode>>,
+    /// The fewest matrices a call needs to run `streaming` (usize::MAX: never).
+    streaming_batch: usize,
     compile_time: Duration,
+}
+
+/// `code` mapped executable and named in the perf map.
+fn map_named(code: &MachineCode, name: impl FnOnce() -> String) -> Result<ExecutableCode, Error> {
+    let exec = ExecutableCode::new(&code.bytes)?;
+    crate::perfmap::register(exec.entry(), code.bytes.len(), name);
+    Ok(exec)
+}
+
+/// The fewest matrices for which a strided batch of `spec` is larger than this core's L2
+/// cache, where a variant of `schedule` that prefetches the next matrices pays
+/// ([`smallgemm_ir::prefetch_pays`]); usize::MAX where no such variant is wanted.
+fn streaming_batch(spec: &GemmSpec, target: Target, schedule: &Schedule) -> usize {
+    let per_matrix = [Operand::A, Operand::B, Operand::C]
+        .map(|o| spec.stride(o).saturating_mul(spec.dtype().size()))
+        .iter()
+        .fold(0usize, |sum, &x| sum.saturating_add(x));
+    if spec.batch_form() != BatchForm::Strided
+        || schedule.prefetch
+        || per_matrix == 0
+        || !smallgemm_ir::prefetch_pays(&spec.col_major(), target)
+    {
+        return usize::MAX;
+    }
+    // batch * per_matrix > L2  <=>  batch > L2 / per_matrix (rounded down).
+    (crate::cpu::l2_bytes() / per_matrix).saturating_add(1)
 }
 
 impl Kernel {
@@ -111,10 +139,9 @@ impl Kernel {
     ) -> Result<Kernel, Error> {
         let start = Instant::now();
         let generated = generate(spec, target, schedule)?;
-        let exec = ExecutableCode::new(&generated.code.bytes)?;
-        crate::perfmap::register(exec.entry(), generated.code.bytes.len(), || {
+        let exec = map_named(&generated.code, || {
             format!("{}_{}", target.isa, spec.name())
-        });
+        })?;
         Ok(Kernel {
             spec: *spec,
             target,
@@ -123,6 +150,7 @@ impl Kernel {
             code: generated.code,
             exec,
             streaming: OnceLock::new(),
+            streaming_batch: streaming_batch(spec, target, &generated.schedule),
             compile_time: start.elapsed(),
         })
     }
@@ -132,15 +160,7 @@ impl Kernel {
     /// prefetching pays ([`smallgemm_ir::prefetch_pays`]). Batches that sit in cache run
     /// without prefetches, which would cost them about 10%.
     pub fn streams(&self, batch: usize) -> bool {
-        let spec = &self.spec;
-        let per_matrix = [Operand::A, Operand::B, Operand::C]
-            .map(|o| spec.stride(o).saturating_mul(spec.dtype().size()))
-            .iter()
-            .fold(0usize, |sum, &x| sum.saturating_add(x));
-        spec.batch_form() == BatchForm::Strided
-            && !self.schedule.prefetch
-            && per_matrix.saturating_mul(batch) > crate::cpu::l2_bytes()
-            && smallgemm_ir::prefetch_pays(&spec.col_major(), self.target)
+        batch >= self.streaming_batch
     }
 
     /// The code to run `batch` matrices with: the prefetching variant when the batch
@@ -153,11 +173,10 @@ impl Kernel {
                     ..self.schedule
                 };
                 let generated = generate(&self.spec, self.target, Some(&schedule)).ok()?;
-                let exec = ExecutableCode::new(&generated.code.bytes).ok()?;
-                crate::perfmap::register(exec.entry(), generated.code.bytes.len(), || {
+                map_named(&generated.code, || {
                     format!("{}_{}_prefetch", self.target.isa, self.spec.name())
-                });
-                Some(exec)
+                })
+                .ok()
             });
             if let Some(code) = variant {
                 return code.entry();
