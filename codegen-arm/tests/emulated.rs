@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{check_spec, padded_spec};
-use smallgemm_ir::reference::SplitMix64;
+use common::check_spec;
+use smallgemm_ir::reference::{padded_spec, rectangular_shapes};
 use smallgemm_ir::{Dtype, GemmSpec, Layout, Scalar, Trans};
 
 const ALPHAS: [Scalar; 3] = [Scalar::One, Scalar::MinusOne, Scalar::Runtime];
@@ -57,27 +57,6 @@ fn squares_f64() {
 #[test]
 fn squares_f32() {
     squares(Dtype::F32)
-}
-
-/// The x86 matrix's 325 rectangular shapes up to 64, rich in 1, primes and sizes next to
-/// multiples of the vector widths.
-fn rectangular_shapes() -> Vec<(usize, usize, usize)> {
-    const FAVOURITES: [usize; 24] = [
-        1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 4, 8, 15, 16, 33,
-    ];
-    let mut rng = SplitMix64::new(2024);
-    let pick = |rng: &mut SplitMix64| {
-        if rng.next_u64() % 3 == 0 {
-            1 + (rng.next_u64() % 64) as usize
-        } else {
-            FAVOURITES[(rng.next_u64() % FAVOURITES.len() as u64) as usize]
-        }
-    };
-    let mut shapes: Vec<_> = (0..320)
-        .map(|_| (pick(&mut rng), pick(&mut rng), pick(&mut rng)))
-        .collect();
-    shapes.extend([(1, 1, 1), (64, 1, 1), (1, 64, 1), (1, 1, 64), (64, 64, 64)]);
-    shapes
 }
 
 fn rectangular(dtype: Dtype) {

@@ -3,7 +3,7 @@
 //! and the gaps between batch entries), and NaN in C when beta = 0.
 
 use crate::element::Element;
-use crate::spec::{BatchForm, GemmSpec, Operand, Scalar};
+use crate::spec::{BatchForm, Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 
 /// Sentinel written everywhere in C's buffer that the GEMM must not touch.
 pub const SENTINEL: f64 = -7.0e5 - 0.3125;
@@ -293,4 +293,65 @@ fn scattered(rng: &mut SplitMix64, footprint: usize, batch: usize) -> Vec<usize>
         next += footprint + (rng.next_u64() % 4) as usize;
     }
     offsets
+}
+
+/// Test specs: a spec with padded leading dimensions (by `pad`, `pad + 1`, `pad + 2` mod 3)
+/// and gaps between the matrices of the batch, so that kernels that touch padding or gaps
+/// hit sentinels.
+#[allow(clippy::too_many_arguments)]
+pub fn padded_spec(
+    dtype: Dtype,
+    layout: Layout,
+    (m, n, k): (usize, usize, usize),
+    (ta, tb): (Trans, Trans),
+    alpha: Scalar,
+    beta: Scalar,
+    pad: usize,
+) -> GemmSpec {
+    let builder = GemmSpec::builder(dtype, m, n, k)
+        .layout(layout)
+        .trans_a(ta)
+        .trans_b(tb)
+        .alpha(alpha)
+        .beta(beta);
+    let tight = builder.build().expect("a valid shape");
+    let ld = |o: Operand, extra: usize| tight.stored_dims(o).0 + extra;
+    let padded = builder
+        .lda(ld(Operand::A, pad))
+        .ldb(ld(Operand::B, (pad + 1) % 3))
+        .ldc(ld(Operand::C, (pad + 2) % 3))
+        .build()
+        .expect("padding keeps a spec valid");
+    let gap = (pad * 7) % 5;
+    builder
+        .lda(ld(Operand::A, pad))
+        .ldb(ld(Operand::B, (pad + 1) % 3))
+        .ldc(ld(Operand::C, (pad + 2) % 3))
+        .stride_a(padded.footprint(Operand::A) + gap)
+        .stride_b(padded.footprint(Operand::B) + (gap + 1) % 3)
+        .stride_c(padded.footprint(Operand::C) + gap)
+        .build()
+        .expect("gaps keep a spec valid")
+}
+
+/// Test shapes: a fixed sample of 320 rectangular shapes up to 64, rich in 1, primes and sizes next
+/// to multiples of the vector widths,
+/// and the five extremes of 1 and 64 (325 in all).
+pub fn rectangular_shapes() -> Vec<(usize, usize, usize)> {
+    const FAVOURITES: [usize; 24] = [
+        1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 4, 8, 15, 16, 33,
+    ];
+    let mut rng = SplitMix64::new(2024);
+    let pick = |rng: &mut SplitMix64| {
+        if rng.next_u64() % 3 == 0 {
+            1 + (rng.next_u64() % 64) as usize
+        } else {
+            FAVOURITES[(rng.next_u64() % FAVOURITES.len() as u64) as usize]
+        }
+    };
+    let mut shapes: Vec<_> = (0..320)
+        .map(|_| (pick(&mut rng), pick(&mut rng), pick(&mut rng)))
+        .collect();
+    shapes.extend([(1, 1, 1), (64, 1, 1), (1, 64, 1), (1, 1, 64), (64, 64, 64)]);
+    shapes
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use smallgemm::{Dtype, GemmSpec, Isa, Jit, Layout, Operand, Scalar, Schedule, Trans};
-use smallgemm_ir::reference::SplitMix64;
+use smallgemm_ir::reference::{padded_spec, rectangular_shapes};
 
 const ALPHAS: [Scalar; 3] = [Scalar::One, Scalar::MinusOne, Scalar::Runtime];
 const BETAS: [Scalar; 3] = [Scalar::Zero, Scalar::One, Scalar::Runtime];
@@ -17,43 +17,6 @@ const TRANS: [(Trans, Trans); 4] = [
 ];
 /// Batch lengths that are not multiples of any chunk size.
 const BATCHES: [usize; 4] = [1, 3, 7, 13];
-
-/// A spec with padded leading dimensions and gaps between the C matrices of the batch.
-#[allow(clippy::too_many_arguments)]
-fn padded_spec(
-    dtype: Dtype,
-    layout: Layout,
-    (m, n, k): (usize, usize, usize),
-    (ta, tb): (Trans, Trans),
-    alpha: Scalar,
-    beta: Scalar,
-    pad: usize,
-) -> GemmSpec {
-    let builder = GemmSpec::builder(dtype, m, n, k)
-        .layout(layout)
-        .trans_a(ta)
-        .trans_b(tb)
-        .alpha(alpha)
-        .beta(beta);
-    let tight = builder.build().expect("a valid shape");
-    let ld = |o: Operand, extra: usize| tight.stored_dims(o).0 + extra;
-    let padded = builder
-        .lda(ld(Operand::A, pad))
-        .ldb(ld(Operand::B, (pad + 1) % 3))
-        .ldc(ld(Operand::C, (pad + 2) % 3))
-        .build()
-        .expect("padding keeps a spec valid");
-    let gap = (pad * 7) % 5;
-    builder
-        .lda(ld(Operand::A, pad))
-        .ldb(ld(Operand::B, (pad + 1) % 3))
-        .ldc(ld(Operand::C, (pad + 2) % 3))
-        .stride_a(padded.footprint(Operand::A) + gap)
-        .stride_b(padded.footprint(Operand::B) + (gap + 1) % 3)
-        .stride_c(padded.footprint(Operand::C) + gap)
-        .build()
-        .expect("gaps keep a spec valid")
-}
 
 fn jit(isa: Isa) -> Option<Jit> {
     match Jit::with_isa(isa) {
@@ -107,27 +70,6 @@ fn squares_avx2_f64() {
 #[test]
 fn squares_avx2_f32() {
     squares(Isa::Avx2, Dtype::F32)
-}
-
-/// A fixed sample of 320 rectangular shapes up to 64, rich in 1, primes and sizes next
-/// to multiples of the vector widths.
-fn rectangular_shapes() -> Vec<(usize, usize, usize)> {
-    const FAVOURITES: [usize; 24] = [
-        1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 4, 8, 15, 16, 33,
-    ];
-    let mut rng = SplitMix64::new(2024);
-    let pick = |rng: &mut SplitMix64| {
-        if rng.next_u64() % 3 == 0 {
-            1 + (rng.next_u64() % 64) as usize
-        } else {
-            FAVOURITES[(rng.next_u64() % FAVOURITES.len() as u64) as usize]
-        }
-    };
-    let mut shapes: Vec<_> = (0..320)
-        .map(|_| (pick(&mut rng), pick(&mut rng), pick(&mut rng)))
-        .collect();
-    shapes.extend([(1, 1, 1), (64, 1, 1), (1, 64, 1), (1, 1, 64), (64, 64, 64)]);
-    shapes
 }
 
 fn rectangular(isa: Isa, dtype: Dtype) {

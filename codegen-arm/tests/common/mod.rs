@@ -8,7 +8,7 @@
 use smallgemm_ir::reference::TestData;
 use smallgemm_ir::{
     compile_program, interpret, interpret_pointer_arrays, BatchForm, Dtype, Element, GemmSpec,
-    Layout, Operand, Param, Program, Scalar, Target, Trans,
+    Param, Program, Target,
 };
 use unicorn_engine::unicorn_const::{Arch, Mode, Prot};
 use unicorn_engine::{RegisterARM64, Unicorn};
@@ -263,42 +263,4 @@ pub fn check_spec<T: Element>(spec: &GemmSpec, batch: usize, seed: u64) {
             data.c()[i]
         );
     }
-}
-
-/// A spec with padded leading dimensions and gaps between the batch entries (as the x86
-/// correctness matrix builds them).
-#[allow(clippy::too_many_arguments)]
-pub fn padded_spec(
-    dtype: Dtype,
-    layout: Layout,
-    (m, n, k): (usize, usize, usize),
-    (ta, tb): (Trans, Trans),
-    alpha: Scalar,
-    beta: Scalar,
-    pad: usize,
-) -> GemmSpec {
-    let builder = GemmSpec::builder(dtype, m, n, k)
-        .layout(layout)
-        .trans_a(ta)
-        .trans_b(tb)
-        .alpha(alpha)
-        .beta(beta);
-    let tight = builder.build().expect("a valid shape");
-    let ld = |o: Operand, extra: usize| tight.stored_dims(o).0 + extra;
-    let padded = builder
-        .lda(ld(Operand::A, pad))
-        .ldb(ld(Operand::B, (pad + 1) % 3))
-        .ldc(ld(Operand::C, (pad + 2) % 3))
-        .build()
-        .expect("padding keeps a spec valid");
-    let gap = (pad * 7) % 5;
-    builder
-        .lda(ld(Operand::A, pad))
-        .ldb(ld(Operand::B, (pad + 1) % 3))
-        .ldc(ld(Operand::C, (pad + 2) % 3))
-        .stride_a(padded.footprint(Operand::A) + gap)
-        .stride_b(padded.footprint(Operand::B) + (gap + 1) % 3)
-        .stride_c(padded.footprint(Operand::C) + gap)
-        .build()
-        .expect("gaps keep a spec valid")
 }
