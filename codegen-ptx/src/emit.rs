@@ -1876,52 +1876,45 @@ fn flat_copy(
             }
             None => full.clone(),
         };
-        let goff = i * threads * 16;
-        let soff = i * threads * 16;
+        // The same offset in global and shared memory: the span is copied as it lies.
+        let off = i * threads * 16;
         let (w, list) = words(asm);
         let done = asm.label();
+        // A partial vector, element by element: those whose index lies in [0, end).
+        let partial = |asm: &mut Asm, store: bool| {
+            for e in 0..v {
+                let f = asm.reg(Kind::B32);
+                asm.op(format!("add.s32 {f}, {fs}, {e}"));
+                let a = asm.reg(Kind::Pred);
+                asm.op(format!("setp.ge.s32 {a}, {f}, 0"));
+                let b = asm.reg(Kind::Pred);
+                asm.op(format!("setp.lt.s32 {b}, {f}, {end}"));
+                let valid = asm.reg(Kind::Pred);
+                asm.op(format!("and.pred {valid}, {a}, {b}"));
+                let addr = format!("{gq}+{}", off + e * elt);
+                element_access(asm, dtype, &w, e, &addr, store, &valid);
+            }
+        };
         if to_shared {
             for r in &w {
                 asm.op(format!("mov.b32 {r}, 0"));
             }
-            asm.op(format!("@{full} ld.global.v4.b32 {list}, [{gq}+{goff}]"));
+            asm.op(format!("@{full} ld.global.v4.b32 {list}, [{gq}+{off}]"));
             asm.op(format!("@{skip} bra {done}"));
-            for e in 0..v {
-                let f = asm.reg(Kind::B32);
-                asm.op(format!("add.s32 {f}, {fs}, {e}"));
-                let a = asm.reg(Kind::Pred);
-                asm.op(format!("setp.ge.s32 {a}, {f}, 0"));
-                let b = asm.reg(Kind::Pred);
-                asm.op(format!("setp.lt.s32 {b}, {f}, {end}"));
-                let valid = asm.reg(Kind::Pred);
-                asm.op(format!("and.pred {valid}, {a}, {b}"));
-                let addr = format!("{gq}+{}", goff + e * elt);
-                element_access(asm, dtype, &w, e, &addr, false, &valid);
-            }
+            partial(asm, false);
             asm.place(&done);
             asm.op(format!(
-                "{}st.shared.v4.b32 [{sq}+{soff}], {list}",
+                "{}st.shared.v4.b32 [{sq}+{off}], {list}",
                 guard(&inq)
             ));
         } else {
             asm.op(format!(
-                "{}ld.shared.v4.b32 {list}, [{sq}+{soff}]",
+                "{}ld.shared.v4.b32 {list}, [{sq}+{off}]",
                 guard(&inq)
             ));
-            asm.op(format!("@{full} st.global.v4.b32 [{gq}+{goff}], {list}"));
+            asm.op(format!("@{full} st.global.v4.b32 [{gq}+{off}], {list}"));
             asm.op(format!("@{skip} bra {done}"));
-            for e in 0..v {
-                let f = asm.reg(Kind::B32);
-                asm.op(format!("add.s32 {f}, {fs}, {e}"));
-                let a = asm.reg(Kind::Pred);
-                asm.op(format!("setp.ge.s32 {a}, {f}, 0"));
-                let b = asm.reg(Kind::Pred);
-                asm.op(format!("setp.lt.s32 {b}, {f}, {end}"));
-                let valid = asm.reg(Kind::Pred);
-                asm.op(format!("and.pred {valid}, {a}, {b}"));
-                let addr = format!("{gq}+{}", goff + e * elt);
-                element_access(asm, dtype, &w, e, &addr, true, &valid);
-            }
+            partial(asm, true);
             asm.place(&done);
         }
     }
