@@ -244,6 +244,26 @@ fn square<T: Blas>(
     })
 }
 
+/// The element types a [`Probe`] keeps buffers for: where its buffers are.
+trait ProbeElement: GpuElement {
+    fn slot(probe: &mut Probe) -> &mut Option<Buffers<Self>>;
+}
+impl ProbeElement for f64 {
+    fn slot(probe: &mut Probe) -> &mut Option<Buffers<f64>> {
+        &mut probe.f64
+    }
+}
+impl ProbeElement for f32 {
+    fn slot(probe: &mut Probe) -> &mut Option<Buffers<f32>> {
+        &mut probe.f32
+    }
+}
+impl ProbeElement for f16 {
+    fn slot(probe: &mut Probe) -> &mut Option<Buffers<f16>> {
+        &mut probe.f16
+    }
+}
+
 /// The tuner's probe: times square sizes under explicit schedules (no cuBLAS), keeping one
 /// set of device buffers per dtype across probes.
 pub struct Probe {
@@ -254,6 +274,15 @@ pub struct Probe {
 }
 
 impl Probe {
+    /// This probe's device buffers for `T`, allocated on first use.
+    fn buffers<T: ProbeElement>(&mut self, gpu: &Gpu) -> Result<&mut Buffers<T>, CudaError> {
+        let bytes = self.buffer_bytes;
+        match T::slot(self) {
+            Some(b) => Ok(b),
+            slot => Ok(slot.insert(buffers(gpu, bytes)?)),
+        }
+    }
+
     pub fn new(buffer_bytes: usize) -> Probe {
         Probe {
             buffer_bytes,
@@ -272,29 +301,10 @@ impl Probe {
         lanes: usize,
         reps: usize,
     ) -> Result<Row, CudaError> {
-        let bytes = self.buffer_bytes;
         match dtype {
-            Dtype::F64 => {
-                let b = match &mut self.f64 {
-                    Some(b) => b,
-                    slot => slot.insert(buffers(gpu, bytes)?),
-                };
-                variable::<f64>(gpu, b, reps, None, Some(lanes))
-            }
-            Dtype::F32 => {
-                let b = match &mut self.f32 {
-                    Some(b) => b,
-                    slot => slot.insert(buffers(gpu, bytes)?),
-                };
-                variable::<f32>(gpu, b, reps, None, Some(lanes))
-            }
-            Dtype::F16 => {
-                let b = match &mut self.f16 {
-                    Some(b) => b,
-                    slot => slot.insert(buffers(gpu, bytes)?),
-                };
-                variable::<f16>(gpu, b, reps, None, Some(lanes))
-            }
+            Dtype::F64 => variable::<f64>(gpu, self.buffers::<f64>(gpu)?, reps, None, Some(lanes)),
+            Dtype::F32 => variable::<f32>(gpu, self.buffers::<f32>(gpu)?, reps, None, Some(lanes)),
+            Dtype::F16 => variable::<f16>(gpu, self.buffers::<f16>(gpu)?, reps, None, Some(lanes)),
         }
     }
 
@@ -306,28 +316,15 @@ impl Probe {
         schedule: &GpuSchedule,
         reps: usize,
     ) -> Result<Row, CudaError> {
-        let bytes = self.buffer_bytes;
         match dtype {
             Dtype::F64 => {
-                let b = match &mut self.f64 {
-                    Some(b) => b,
-                    slot => slot.insert(buffers(gpu, bytes)?),
-                };
-                variable::<f64>(gpu, b, reps, Some(schedule), None)
+                variable::<f64>(gpu, self.buffers::<f64>(gpu)?, reps, Some(schedule), None)
             }
             Dtype::F32 => {
-                let b = match &mut self.f32 {
-                    Some(b) => b,
-                    slot => slot.insert(buffers(gpu, bytes)?),
-                };
-                variable::<f32>(gpu, b, reps, Some(schedule), None)
+                variable::<f32>(gpu, self.buffers::<f32>(gpu)?, reps, Some(schedule), None)
             }
             Dtype::F16 => {
-                let b = match &mut self.f16 {
-                    Some(b) => b,
-                    slot => slot.insert(buffers(gpu, bytes)?),
-                };
-                variable::<f16>(gpu, b, reps, Some(schedule), None)
+                variable::<f16>(gpu, self.buffers::<f16>(gpu)?, reps, Some(schedule), None)
             }
         }
     }
@@ -340,29 +337,31 @@ impl Probe {
         schedule: &GpuSchedule,
         reps: usize,
     ) -> Result<Row, CudaError> {
-        let bytes = self.buffer_bytes;
         match dtype {
-            Dtype::F64 => {
-                let b = match &mut self.f64 {
-                    Some(b) => b,
-                    slot => slot.insert(buffers(gpu, bytes)?),
-                };
-                square::<f64>(gpu, None, b, n, reps, Some(schedule))
-            }
-            Dtype::F32 => {
-                let b = match &mut self.f32 {
-                    Some(b) => b,
-                    slot => slot.insert(buffers(gpu, bytes)?),
-                };
-                square::<f32>(gpu, None, b, n, reps, Some(schedule))
-            }
-            Dtype::F16 => {
-                let b = match &mut self.f16 {
-                    Some(b) => b,
-                    slot => slot.insert(buffers(gpu, bytes)?),
-                };
-                square::<f16>(gpu, None, b, n, reps, Some(schedule))
-            }
+            Dtype::F64 => square::<f64>(
+                gpu,
+                None,
+                self.buffers::<f64>(gpu)?,
+                n,
+                reps,
+                Some(schedule),
+            ),
+            Dtype::F32 => square::<f32>(
+                gpu,
+                None,
+                self.buffers::<f32>(gpu)?,
+                n,
+                reps,
+                Some(schedule),
+            ),
+            Dtype::F16 => square::<f16>(
+                gpu,
+                None,
+                self.buffers::<f16>(gpu)?,
+                n,
+                reps,
+                Some(schedule),
+            ),
         }
     }
 }
