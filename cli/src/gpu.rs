@@ -492,16 +492,7 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
         })
     {
         for threads in [64u32, 128, 256, 512, 1024] {
-            let mut s = GpuSchedule {
-                rm,
-                rn,
-                tba: 1,
-                mma: None,
-                warps: 1,
-                accumulate: Accumulate::F32,
-                stage,
-                ldmatrix: false,
-            };
+            let mut s = GpuSchedule::fma(rm, rn, 1, stage);
             let tpp = s.fma_threads(&p);
             s.tba = (threads / tpp).max(1);
             // Blocks less than half full of threads waste the block's slots.

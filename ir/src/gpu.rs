@@ -215,6 +215,21 @@ fn round_up(x: usize, to: usize) -> usize {
 }
 
 impl GpuSchedule {
+    /// An FMA (no tensor cores) schedule: `rm x rn` tiles of C per thread, `tba` problems
+    /// per block, A and B staged as `stage` says.
+    pub fn fma(rm: u32, rn: u32, tba: u32, stage: Staging) -> GpuSchedule {
+        GpuSchedule {
+            rm,
+            rn,
+            tba,
+            mma: None,
+            warps: 1,
+            accumulate: Accumulate::F32,
+            stage,
+            ldmatrix: false,
+        }
+    }
+
     /// Threads per problem of an FMA schedule: one per `rm x rn` tile of C.
     pub fn fma_threads(&self, p: &ColMajorProblem) -> u32 {
         (p.m.div_ceil(self.rm as usize) * p.n.div_ceil(self.rn as usize)) as u32
@@ -471,16 +486,7 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             }
             (Dtype::F16, _) => (4, 4, 64, Staging::FlatC),
         };
-        let s = GpuSchedule {
-            rm,
-            rn,
-            tba: 1,
-            mma: None,
-            warps: 1,
-            accumulate: Accumulate::F32,
-            stage,
-            ldmatrix: false,
-        };
+        let s = GpuSchedule::fma(rm, rn, 1, stage);
         let tpp = s.resources(p).threads_per_problem.max(1);
         GpuSchedule {
             tba: (want / tpp).max(1),
@@ -565,16 +571,7 @@ mod tests {
             plan_gpu(&big, &t),
             Err(GpuScheduleError::Shared { .. })
         ));
-        let s = GpuSchedule {
-            rm: 8,
-            rn: 8,
-            tba: 4,
-            mma: None,
-            warps: 1,
-            accumulate: Accumulate::F32,
-            stage: Staging::Padded,
-            ldmatrix: false,
-        };
+        let s = GpuSchedule::fma(8, 8, 4, Staging::Padded);
         assert!(matches!(
             s.validate(&big, &t),
             Err(GpuScheduleError::Shared { .. })

@@ -232,16 +232,7 @@ fn every_staging_matches() {
             for (rm, rn) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4)] {
                 for stage in [Staging::Padded, Staging::Flat, Staging::FlatC] {
                     for threads in [96u32, 512] {
-                        let mut s = GpuSchedule {
-                            rm,
-                            rn,
-                            tba: 1,
-                            mma: None,
-                            warps: 1,
-                            accumulate: Accumulate::F32,
-                            stage,
-                            ldmatrix: false,
-                        };
+                        let mut s = GpuSchedule::fma(rm, rn, 1, stage);
                         s.tba = (threads / s.fma_threads(&p)).max(1);
                         if s.validate(&p, gpu.target()).is_err() {
                             continue;

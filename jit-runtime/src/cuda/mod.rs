@@ -782,21 +782,12 @@ impl Gpu {
 #[cfg(test)]
 mod tuning_tests {
     use super::*;
-    use smallgemm_ir::{Accumulate, Dtype, Staging};
+    use smallgemm_ir::{Dtype, Staging};
 
     #[test]
     fn gpu_entries_round_trip_through_the_tuning_database() {
         let spec = GemmSpec::builder(Dtype::F32, 17, 17, 17).build().unwrap();
-        let s = GpuSchedule {
-            rm: 4,
-            rn: 4,
-            tba: 5,
-            mma: None,
-            warps: 1,
-            accumulate: Accumulate::F32,
-            stage: Staging::Flat,
-            ldmatrix: false,
-        };
+        let s = GpuSchedule::fma(4, 4, 5, Staging::Flat);
         let mut db = crate::tuning::TuningDb {
             version: crate::tuning::VERSION,
             ..Default::default()
