@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/c-tests
 mkdir -p "$out"
-# The dev profile: `cargo test` has already built almost all of it (a release build would
-# compile the whole workspace a third time).
-cargo build -q -p smallgemm-capi -p smallgemm-cli
+# The dev profile, with the tests' feature set: `cargo test --workspace` has already built
+# all of it. Building only these two packages would resolve the dependencies' features
+# without the dev-dependencies (object's `read`, syn's `visit-mut`, ...) and recompile most
+# of them; a release build would compile the whole workspace a third time.
+cargo build -q --workspace --lib --bins --tests
 lib=target/debug
 flags=(-O2 -Wall -Wextra -Werror -std=c11 -D_DEFAULT_SOURCE)
 

@@ -36,5 +36,6 @@ cargo clippy --workspace --all-targets -- -D warnings
 CI=true cargo test --workspace
 # The C ABI and emitted object files, from C with only cc.
 ./scripts/c-tests.sh
-# The main job (the README's first command), as a smoke run on the dev-profile build.
-cargo run -q -p smallgemm-cli -- run --reps 5
+# The main job (the README's first command), as a smoke run on the dev-profile binary that
+# c-tests.sh built (`cargo run -p smallgemm-cli` would resolve features anew and rebuild).
+target/debug/smallgemm run --reps 5
