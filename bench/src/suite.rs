@@ -740,7 +740,8 @@ impl Runner<'_, '_> {
             warmup: Duration::ZERO,
             ..one_sample
         };
-        let budget = timing.budget * prepared.len().max(1) as u32;
+        // Saturating: `--reps` sets the budget to Duration::MAX.
+        let budget = timing.budget.saturating_mul(prepared.len().max(1) as u32);
         let measuring = Instant::now();
         for round in 0..timing.reps {
             if round >= timing.min_reps && measuring.elapsed() >= budget {

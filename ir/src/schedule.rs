@@ -190,7 +190,15 @@ impl Schedule {
 
     /// Vector registers that hold `rows` rows of a register block.
     pub fn block_vectors(&self, rows: usize, lanes: usize) -> usize {
-        rows / lanes + self.tail_pieces(rows % lanes).len()
+        // The count of `tail_pieces`, without building them: the planner asks this
+        // hundreds of times per plan.
+        let tail = rows % lanes;
+        let tail_vectors = if self.split_tail {
+            tail.count_ones() as usize
+        } else {
+            (tail != 0) as usize
+        };
+        rows / lanes + tail_vectors
     }
 
     /// The most vectors any row block of `problem` has.
