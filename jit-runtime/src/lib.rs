@@ -94,19 +94,25 @@ impl Jit {
         .with_default_tuning()
     }
 
-    /// Loads the tuning database from its default place ([`tuning::default_path`]). A
-    /// missing file means no tuned schedules; an unreadable one is reported by
-    /// [`Jit::tuning_error`] and ignored, so a bad file never stops a computation.
+    /// Loads the tuning database from its default place ([`tuning::default_path`]), over
+    /// the shipped one ([`tuning::shipped`]). A missing file means only the shipped
+    /// schedules; an unreadable one is reported by [`Jit::tuning_error`] and ignored, so a
+    /// bad file never stops a computation.
     fn with_default_tuning(mut self) -> Jit {
-        match tuning::default_path().map(|p| tuning::TuningDb::load(&p)) {
-            Some(Ok(db)) => self.tuning = Arc::new(db),
-            Some(Err(e)) => self.tuning_error = Some(e),
-            None => {}
-        }
+        let user = match tuning::default_path().map(|p| tuning::TuningDb::load(&p)) {
+            Some(Ok(db)) => db,
+            Some(Err(e)) => {
+                self.tuning_error = Some(e);
+                tuning::TuningDb::default()
+            }
+            None => tuning::TuningDb::default(),
+        };
+        self.tuning = Arc::new(user.with_fallback(tuning::shipped()));
         self
     }
 
-    /// This JIT with the schedules of `db` (an empty database turns tuning off).
+    /// This JIT with the schedules of `db` only, not the shipped ones (an empty database
+    /// turns tuning off: the planner's schedules for every shape).
     pub fn with_tuning(mut self, db: tuning::TuningDb) -> Jit {
         self.tuning = Arc::new(db);
         self.tuning_error = None;

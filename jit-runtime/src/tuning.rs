@@ -9,6 +9,10 @@
 //!   "cpu": { "Intel(R) Xeon(R) Processor | avx512": { "f64 16x16x16 nn": { "m_vectors": 2, ... } } },
 //!   "gpu": { ... } }
 //! ```
+//!
+//! The library also ships a database of its own ([`shipped`]): what `smallgemm tune` found on
+//! the machines smallgemm was developed on. It fills in the shapes the user's database does
+//! not have, for those machines only (the key is the CPU model and ISA).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,6 +45,16 @@ pub fn default_path() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
     Some(config.join("smallgemm").join("tuning.json"))
+}
+
+/// The tuning database built into the library: `smallgemm tune --dtype both --sizes 2..32
+/// --candidates 32 --reps 31` on the development machine (see `jit-runtime/tuning/`).
+pub fn shipped() -> &'static TuningDb {
+    static SHIPPED: std::sync::OnceLock<TuningDb> = std::sync::OnceLock::new();
+    SHIPPED.get_or_init(|| {
+        // A test checks that it parses; should it not, the planner serves every shape.
+        serde_json::from_str(include_str!("../tuning/shipped.json")).unwrap_or_default()
+    })
 }
 
 /// This CPU's model name (from /proc/cpuinfo on Linux), or "unknown". Read once per
@@ -139,6 +153,17 @@ impl TuningDb {
             .insert(shape_key(spec), schedule);
     }
 
+    /// This database with the entries of `fallback` that it does not have (its own win).
+    pub fn with_fallback(mut self, fallback: &TuningDb) -> TuningDb {
+        for (machine, shapes) in &fallback.cpu {
+            let mine = self.cpu.entry(machine.clone()).or_default();
+            for (shape, schedule) in shapes {
+                mine.entry(shape.clone()).or_insert(*schedule);
+            }
+        }
+        self
+    }
+
     /// Schedules stored for this machine with `isa`.
     pub fn entries(&self, isa: Isa) -> usize {
         self.cpu.get(&machine_key(isa)).map_or(0, |m| m.len())
@@ -183,5 +208,28 @@ mod tests {
         std::fs::write(&path, "{ not json").unwrap();
         assert!(matches!(TuningDb::load(&path), Err(Error::TuningDb(_))));
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn shipped_database_parses_and_yields_to_the_users() {
+        let shipped = shipped();
+        assert_eq!(shipped.version, VERSION);
+        let shapes: usize = shipped.cpu.values().map(|m| m.len()).sum();
+        assert!(shapes >= 62, "{shapes} shipped shapes");
+        // The user's entry wins; the shipped ones fill the rest.
+        let (machine, tuned) = shipped.cpu.iter().next().unwrap();
+        let (shape, schedule) = tuned.iter().next().unwrap();
+        let mine = Schedule {
+            n_cols: schedule.n_cols + 1,
+            ..*schedule
+        };
+        let mut user = TuningDb::default();
+        user.cpu
+            .entry(machine.clone())
+            .or_default()
+            .insert(shape.clone(), mine);
+        let merged = user.with_fallback(shipped);
+        assert_eq!(merged.cpu[machine][shape], mine);
+        assert_eq!(merged.cpu[machine].len(), tuned.len());
     }
 }

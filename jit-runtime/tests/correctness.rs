@@ -222,6 +222,69 @@ fn prefetching_kernels_avx2() {
     prefetching(Isa::Avx2)
 }
 
+/// Every schedule of the shipped tuning database, whatever this CPU's model (the JIT uses
+/// them only on the model they were tuned on), with every transpose, scalar kinds and
+/// padding the schedule's registers allow.
+#[test]
+fn shipped_schedules() {
+    let mut checked = 0;
+    for (machine, shapes) in &smallgemm::tuning::shipped().cpu {
+        let isa: Isa = machine
+            .rsplit(" | ")
+            .next()
+            .and_then(|isa| isa.parse().ok())
+            .unwrap_or_else(|| panic!("machine key {machine:?}"));
+        let Some(jit) = jit(isa) else { continue };
+        for (i, (shape, schedule)) in shapes.iter().enumerate() {
+            let (dtype, m, n, k) = parse_shape(shape);
+            for (j, trans) in TRANS.into_iter().enumerate() {
+                let (alpha, beta) = (ALPHAS[(i + j) % 3], BETAS[(i + 2 * j) % 3]);
+                let spec = padded_spec(
+                    dtype,
+                    Layout::ColMajor,
+                    (m, n, k),
+                    trans,
+                    alpha,
+                    beta,
+                    j % 3,
+                );
+                if schedule.validate(&spec.col_major(), jit.target()).is_err() {
+                    continue;
+                }
+                let (batch, seed) = (BATCHES[j], 130_000 + (4 * i + j) as u64);
+                match dtype {
+                    Dtype::F64 => {
+                        common::check_spec_with::<f64>(&jit, &spec, Some(schedule), batch, seed)
+                    }
+                    Dtype::F32 => {
+                        common::check_spec_with::<f32>(&jit, &spec, Some(schedule), batch, seed)
+                    }
+                    Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} shipped schedules checked");
+}
+
+/// (dtype, m, n, k) of a tuning database's shape key, `"f64 16x16x16 nn"`; the transposes
+/// are left to the caller.
+fn parse_shape(key: &str) -> (Dtype, usize, usize, usize) {
+    let mut words = key.split(' ');
+    let dtype = match words.next() {
+        Some("f64") => Dtype::F64,
+        Some("f32") => Dtype::F32,
+        other => panic!("dtype {other:?} in {key:?}"),
+    };
+    let sizes: Vec<usize> = words
+        .next()
+        .map(|s| s.split('x').map(|v| v.parse().unwrap()).collect())
+        .unwrap_or_default();
+    assert_eq!(sizes.len(), 3, "sizes in {key:?}");
+    (dtype, sizes[0], sizes[1], sizes[2])
+}
+
 /// Batches far beyond a core's L2 run the prefetching variant, and it computes the
 /// reference too.
 #[test]
