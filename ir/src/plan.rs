@@ -201,7 +201,8 @@ fn pieces(total: usize, block: usize) -> [(usize, usize); 2] {
 }
 
 /// Estimated cycles per matrix: each register block runs k steps, each bound by FMA or
-/// load throughput or by the FMA latency chain, plus reading and writing its C once.
+/// load throughput (full vectors and broadcasts, see [`Target::mixed_loads_per_cycle`]) or
+/// by the FMA latency chain, plus reading and writing its C once.
 pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f64 {
     let lanes = s.lanes(target, problem.dtype);
     let c_reads = (problem.beta != Scalar::Zero) as usize as f64;
@@ -214,8 +215,14 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
             let cols = cols as f64;
             let fmas = vectors * cols;
             let loads = vectors + b_loads;
+            // Broadcasts of B elements are narrow loads; vectors of B are full ones.
+            let full_loads = match b_operand {
+                BOperand::Memory | BOperand::Broadcast => vectors,
+                BOperand::VectorsAlongK | BOperand::VectorsAlongN => loads,
+            };
             let step = (fmas / target.fma_per_cycle())
-                .max(loads / target.loads_per_cycle())
+                .max(loads / target.mixed_loads_per_cycle())
+                .max(full_loads / target.loads_per_cycle())
                 .max(if fmas > 0.0 { FMA_LATENCY } else { 0.0 });
             let epilogue = fmas * (1.0 + c_reads);
             cycles += (row_count * col_count) as f64 * (problem.k as f64 * step + epilogue);
