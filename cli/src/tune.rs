@@ -233,7 +233,11 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
                 space.push(s);
                 if problem.k >= 16 && estimated_ops(&problem, target, &s) > UNROLL_BUDGET / 4 {
                     for u in [4, 8] {
-                        space.push(Schedule { k_unroll: u, ..s });
+                        let looped = Schedule { k_unroll: u, ..s };
+                        // Within the budget: compile time grows with the code.
+                        if estimated_ops(&problem, target, &looped) <= UNROLL_BUDGET {
+                            space.push(looped);
+                        }
                     }
                 }
             }
@@ -249,6 +253,14 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
         estimated_cycles(&problem, target, a).total_cmp(&estimated_cycles(&problem, target, b))
     });
     space.retain(|s| *s != planned);
+    // A k-loop variant can equal a schedule already in the space: time each once.
+    let mut distinct: Vec<Schedule> = Vec::with_capacity(space.len());
+    for s in space {
+        if !distinct.contains(&s) {
+            distinct.push(s);
+        }
+    }
+    let mut space = distinct;
     space.truncate(limit.saturating_sub(1));
     space.insert(0, planned);
     space
