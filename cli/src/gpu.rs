@@ -536,8 +536,8 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
     out
 }
 
-/// Tensor-core candidates: 1, 2, 4 or 8 warps, 1, 2 or 4 problems per block (at most 16
-/// warps a block), the fragment loaders in `loaders` (`ldmatrix` or not), with and without
+/// Tensor-core candidates: 1, 2, 4, 8 or 16 warps, 1, 2 or 4 problems per block (at most
+/// 16 warps a block), the fragment loaders in `loaders` (`ldmatrix` or not), with and without
 /// the C prefetch, and flat staging of A and B where a side is not a multiple of 8 (the
 /// only sizes where it differs from the padded loader).
 pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> Vec<GpuSchedule> {
@@ -549,7 +549,7 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
         &[Staging::Padded]
     };
     let mut out = Vec::new();
-    for warps in [1, 2, 4, 8] {
+    for warps in [1, 2, 4, 8, 16] {
         for tba in [1, 2, 4] {
             for &ldmatrix in loaders {
                 for &stage in stages {
@@ -682,7 +682,6 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-
 /// Tunes the schedule of each bucket of the bucketed variable-size batch (sizes uniform in
 /// 1..=32, four streams): bucket by bucket, largest first, every FMA candidate of the
 /// bucket's spec is timed in the whole bucketed launch with the other buckets at their
@@ -705,7 +704,11 @@ fn tune_buckets(
             .map_err(|e| e.to_string())
     };
     let mut current = measure(gpu, &picks)?;
-    println!("{} bucketed, planned schedules: {:.1}%", d.name(), 100.0 * current);
+    println!(
+        "{} bucketed, planned schedules: {:.1}%",
+        d.name(),
+        100.0 * current
+    );
     let mut sides: Vec<(usize, usize)> = [8, 16, 24, 32]
         .iter()
         .flat_map(|&m| [8, 16, 24, 32].map(|n| (m, n)))

@@ -550,7 +550,8 @@ fn zero_k_padding(
         let at = asm.reg(Kind::B32);
         asm.op(format!("mad.lo.u32 {at}, {lt}, 16, {base}"));
         for i in 0..vectors.div_ceil(tpp) {
-            let pred = ((i + 1) * tpp > vectors).then(|| asm.lt(lt, &(vectors - i * tpp).to_string()));
+            let pred =
+                ((i + 1) * tpp > vectors).then(|| asm.lt(lt, &(vectors - i * tpp).to_string()));
             asm.op(format!(
                 "{}st.shared.v4.b32 [{at}+{}], {{{zero}, {zero}, {zero}, {zero}}}",
                 guard(&pred),
@@ -576,7 +577,11 @@ fn zero_k_padding(
         let at = asm.reg(Kind::B32);
         asm.op(format!("mad.lo.u32 {at}, {x}, {}, {base}", x_stride * 2));
         asm.op(format!("mad.lo.u32 {at}, {j}, {}, {at}", unit * 2));
-        asm.op(format!("{}st.shared.{ty} [{at}+{}], {zero}", guard(&pred), k * 2));
+        asm.op(format!(
+            "{}st.shared.{ty} [{at}+{}], {zero}",
+            guard(&pred),
+            k * 2
+        ));
     }
 }
 

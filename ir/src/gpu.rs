@@ -454,7 +454,8 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
 
 /// f16 tensor-core winners for n = 16..=128 on an H100 (`smallgemm tune --gpu --dtype f16
 /// --mma-only`: a full sweep of the `ldmatrix` candidates over 33 sizes, then `--quick-mma`
-/// over the other 80; docs/gpu-notes.md, version 6): (warps, tba, variant).
+/// over the other 80, then `--quick-mma` with 16 warps over 65..128; docs/gpu-notes.md,
+/// version 6): (warps, tba, variant).
 #[rustfmt::skip]
 const H100_F16_MMA: [(u32, u32, Mma); 113] = [
     (1, 1, LP), (2, 2, LP), (2, 2, LP), (2, 2, LP), (2, 2, LP), (2, 1, LP), // 16..21
@@ -465,17 +466,17 @@ const H100_F16_MMA: [(u32, u32, Mma); 113] = [
     (4, 1, LP), (4, 1, LP), (4, 2, LP), (4, 1, LP), (8, 1, LP), (4, 1, LP), // 46..51
     (4, 1, LP), (4, 1, LP), (8, 1, LP), (4, 1, LP), (8, 1, LP), (4, 1, LP), // 52..57
     (4, 1, LP), (4, 1, LP), (4, 1, LP), (4, 1, LP), (4, 1, LP), (4, 1, LP), // 58..63
-    (4, 1, LP), (2, 1, LP), (4, 1, LP), (2, 1, LP), (8, 1, LP), (8, 1, LP), // 64..69
+    (4, 1, LP), (16, 1, LP), (4, 1, LP), (16, 1, LP), (8, 1, LP), (8, 1, LP), // 64..69
     (4, 1, LP), (8, 1, LP), (8, 1, LP), (8, 1, LP), (4, 1, LP), (8, 1, LP), // 70..75
-    (4, 1, LP), (8, 1, LP), (4, 1, LP), (8, 1, LP), (8, 1, LP), (8, 1, LFP), // 76..81
-    (8, 1, LFP), (8, 1, LFP), (4, 1, LP), (8, 1, LFP), (8, 1, LFP), (8, 1, LFP), // 82..87
-    (4, 1, LP), (8, 1, LFP), (8, 1, LFP), (8, 2, LP), (4, 1, LP), (8, 2, LP), // 88..93
-    (8, 2, LP), (8, 2, LP), (8, 1, LP), (8, 2, LP), (8, 2, LP), (8, 2, LP), // 94..99
-    (4, 1, LP), (8, 2, LP), (8, 2, LP), (8, 2, LP), (4, 1, LP), (8, 2, LP), // 100..105
-    (4, 2, LP), (8, 2, LP), (4, 2, LP), (8, 2, LP), (4, 2, LP), (8, 2, LP), // 106..111
-    (8, 2, LP), (8, 2, LP), (8, 2, LP), (8, 2, LP), (8, 1, LP), (8, 2, LP), // 112..117
-    (8, 2, LP), (8, 2, LP), (8, 1, LP), (8, 1, LP), (8, 1, LP), (8, 1, LP), // 118..123
-    (8, 2, LP), (8, 1, LP), (8, 1, LP), (8, 1, LP), (8, 1, LP), // 124..128
+    (4, 1, LP), (8, 1, LP), (4, 1, LP), (16, 1, LP), (8, 1, LP), (16, 1, LP), // 76..81
+    (8, 1, LFP), (16, 1, LP), (16, 1, LP), (16, 1, LP), (8, 1, LFP), (16, 1, LP), // 82..87
+    (4, 1, LP), (8, 1, LFP), (8, 1, LFP), (8, 2, LP), (16, 1, LP), (16, 1, LFP), // 88..93
+    (16, 1, LFP), (16, 1, LFP), (16, 1, LP), (8, 2, LP), (8, 2, LP), (8, 2, LP), // 94..99
+    (8, 2, LP), (8, 2, LP), (8, 2, LP), (8, 2, LP), (4, 1, LP), (8, 2, LP), // 100..105
+    (8, 2, LP), (8, 2, LP), (16, 1, LP), (8, 2, LP), (4, 2, LP), (8, 2, LP), // 106..111
+    (8, 2, LP), (8, 2, LP), (16, 1, LP), (8, 2, LP), (16, 1, LP), (16, 1, LP), // 112..117
+    (16, 1, LP), (8, 2, LP), (16, 1, LP), (8, 1, LP), (16, 1, LP), (16, 1, LP), // 118..123
+    (16, 1, LP), (16, 1, LP), (16, 1, LP), (8, 1, LP), (16, 1, LP), // 124..128
 ];
 
 /// How a tensor-core default loads its operands: `L` = `ldmatrix` fragments, `LP` = and
@@ -497,7 +498,7 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
     let big = p.m.max(p.n);
     let mut s = if p.dtype == Dtype::F16 && big >= 16 {
         // Tensor cores; warps per problem, problems per block, staging and C prefetch
-        // from the H100 sweep (2 warps up to about 31, 4 to 64, then mostly 8).
+        // from the H100 sweep (2 warps up to about 31, 4 to 64, then 8 or 16).
         let tiles = (p.m.div_ceil(16) * p.n.div_ceil(8)) as u32;
         let (warps, tba, variant) = match big {
             16..=128 => H100_F16_MMA[big - 16],

@@ -466,8 +466,11 @@ fn f16_mma_loaders_match() {
     ];
     for (i, spec) in all.iter().enumerate() {
         let p = spec.col_major();
-        for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
+        for (warps, tba) in [(1, 1), (2, 3), (8, 1), (16, 1)] {
             for (ldmatrix, stage, prefetch_c) in variants {
+                if warps == 16 && !ldmatrix {
+                    continue;
+                }
                 let s = GpuSchedule {
                     stage,
                     prefetch_c,
