@@ -4,7 +4,8 @@
 use std::fmt::Write;
 
 use smallgemm_ir::{
-    Accumulate, ColMajorProblem, Dtype, GpuSchedule, Scalar, SharedLayout, Sm, Staging, Trans,
+    Accumulate, ColMajorProblem, Dtype, GpuSchedule, Operand, Scalar, SharedLayout, Sm, Staging,
+    Trans,
 };
 
 use crate::{ptx_version, BatchKind, ExtraParam};
@@ -511,16 +512,10 @@ fn load_flat(
     }
 }
 
-/// An operand of a tensor-core kernel, for the loaders that need to know which.
-enum PaddedOperand {
-    A,
-    B,
-}
-
-/// Writes zeros into the k padding (k..kp) of one problem's padded copy of A or B, the
-/// elements a loader that copies only the matrix leaves alone (`load_flat`). The rows or
-/// columns past m or n need no zeros: they only reach rows or columns of the product that
-/// are never stored. Where k is the strided direction the padding is one block (16-byte
+/// Writes zeros into the k padding (k..kp) of one problem's padded copy of A or B (C has
+/// none), the elements a loader that copies only the matrix leaves alone (`load_flat`).
+/// The rows or columns past m or n need no zeros: they only reach rows or columns of the
+/// product that are never stored. Where k is the strided direction the padding is one block (16-byte
 /// stores), else a short run per row or column (32-bit stores where k is even).
 #[allow(clippy::too_many_arguments)]
 fn zero_k_padding(
@@ -528,7 +523,7 @@ fn zero_k_padding(
     lt: &str,
     tpp: usize,
     base: &str,
-    op: &PaddedOperand,
+    op: Operand,
     p: &ColMajorProblem,
     layout: &SharedLayout,
     kp: usize,
@@ -539,8 +534,9 @@ fn zero_k_padding(
     }
     // Element (x, kk) of the operand at x * x_stride + kk * k_stride; x < others.
     let (k_stride, x_stride, others) = match op {
-        PaddedOperand::A => (layout.a_col, layout.a_row, p.m),
-        PaddedOperand::B => (layout.b_row, layout.b_col, p.n),
+        Operand::A => (layout.a_col, layout.a_row, p.m),
+        Operand::B => (layout.b_row, layout.b_col, p.n),
+        Operand::C => return,
     };
     asm.comment("zeros in the k padding");
     if k_stride != 1 {
@@ -875,7 +871,7 @@ pub(crate) fn kernel(
         load_flat(
             &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
         );
-        zero_k_padding(&mut asm, &lt, tpp, &sa, &PaddedOperand::A, p, &layout, kext);
+        zero_k_padding(&mut asm, &lt, tpp, &sa, Operand::A, p, &layout, kext);
     } else {
         load_operand(
             &mut asm,
@@ -933,7 +929,7 @@ pub(crate) fn kernel(
         load_flat(
             &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
         );
-        zero_k_padding(&mut asm, &lt, tpp, &sb, &PaddedOperand::B, p, &layout, kext);
+        zero_k_padding(&mut asm, &lt, tpp, &sb, Operand::B, p, &layout, kext);
     } else {
         load_operand(
             &mut asm,
@@ -1487,7 +1483,6 @@ fn fma_c_tile(
 
 /// A warp's place in a tensor-core kernel and its tiles of C.
 struct MmaWarp {
-    warp: String,
     lane: String,
     gid: String,
     tig: String,
@@ -1611,7 +1606,6 @@ fn mma_warp(
         });
     }
     MmaWarp {
-        warp,
         lane,
         gid,
         tig,
@@ -1639,7 +1633,6 @@ fn mma_body(
     let ks = p.k.div_ceil(shape.k as usize);
     let reuse = w % mt == 0;
     let (lane, gid, tig) = (&mw.lane, &mw.gid, &mw.tig);
-    let _ = &mw.warp;
     // A fragment word holds two halves adjacent in k: one 32-bit load where k is the
     // contiguous direction in shared memory, else two 16-bit loads packed.
     let pair = |asm: &mut Asm, base: &str, off: usize, step: usize| -> String {
