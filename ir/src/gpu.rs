@@ -458,36 +458,36 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
 /// version 6): (warps, tba, variant).
 #[rustfmt::skip]
 const H100_F16_MMA: [(u32, u32, Mma); 113] = [
-    (1, 1, LP), (2, 2, LP), (2, 2, LP), (2, 2, LP), (2, 2, LP), (2, 1, LP), // 16..21
-    (4, 1, LP), (4, 2, LP), (4, 1, LP), (2, 2, LP), (8, 1, LP), (2, 2, LP), // 22..27
-    (8, 1, LP), (2, 1, LFP), (2, 1, LP), (2, 1, LFP), (4, 1, L), (4, 2, LP), // 28..33
-    (4, 1, LP), (4, 2, LP), (4, 1, LP), (4, 2, LP), (4, 1, LP), (4, 2, LP), // 34..39
-    (4, 1, LP), (4, 1, LFP), (4, 1, LP), (4, 1, LFP), (4, 1, LP), (4, 1, LFP), // 40..45
-    (4, 1, LP), (4, 1, LP), (4, 2, LP), (4, 1, LP), (8, 1, LP), (4, 1, LP), // 46..51
-    (4, 1, LP), (4, 1, LP), (8, 1, LP), (4, 1, LP), (8, 1, LP), (4, 1, LP), // 52..57
-    (4, 1, LP), (4, 1, LP), (4, 1, LP), (4, 1, LP), (4, 1, LP), (4, 1, LP), // 58..63
-    (4, 1, LP), (16, 1, LP), (4, 1, LP), (16, 1, LP), (8, 1, LP), (8, 1, LP), // 64..69
-    (4, 1, LP), (8, 1, LP), (8, 1, LP), (8, 1, LP), (4, 1, LP), (8, 1, LP), // 70..75
-    (4, 1, LP), (8, 1, LP), (4, 1, LP), (16, 1, LP), (8, 1, LP), (16, 1, LP), // 76..81
-    (8, 1, LFP), (16, 1, LP), (16, 1, LP), (16, 1, LP), (8, 1, LFP), (16, 1, LP), // 82..87
-    (4, 1, LP), (8, 1, LFP), (8, 1, LFP), (8, 2, LP), (16, 1, LP), (16, 1, LFP), // 88..93
-    (16, 1, LFP), (16, 1, LFP), (16, 1, LP), (8, 2, LP), (8, 2, LP), (8, 2, LP), // 94..99
-    (8, 2, LP), (8, 2, LP), (8, 2, LP), (8, 2, LP), (4, 1, LP), (8, 2, LP), // 100..105
-    (8, 2, LP), (8, 2, LP), (16, 1, LP), (8, 2, LP), (4, 2, LP), (8, 2, LP), // 106..111
-    (8, 2, LP), (8, 2, LP), (16, 1, LP), (8, 2, LP), (16, 1, LP), (16, 1, LP), // 112..117
-    (16, 1, LP), (8, 2, LP), (16, 1, LP), (8, 1, LP), (16, 1, LP), (16, 1, LP), // 118..123
-    (16, 1, LP), (16, 1, LP), (16, 1, LP), (8, 1, LP), (16, 1, LP), // 124..128
+    (1, 1, Pre), (2, 2, Pre), (2, 2, Pre), (2, 2, Pre), (2, 2, Pre), (2, 1, Pre), // 16..21
+    (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (2, 2, Pre), (8, 1, Pre), (2, 2, Pre), // 22..27
+    (8, 1, Pre), (2, 1, FlatPre), (2, 1, Pre), (2, 1, FlatPre), (4, 1, Ldm), (4, 2, Pre), // 28..33
+    (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (4, 2, Pre), // 34..39
+    (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), // 40..45
+    (4, 1, Pre), (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), // 46..51
+    (4, 1, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), // 52..57
+    (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), // 58..63
+    (4, 1, Pre), (16, 1, Pre), (4, 1, Pre), (16, 1, Pre), (8, 1, Pre), (8, 1, Pre), // 64..69
+    (4, 1, Pre), (8, 1, Pre), (8, 1, Pre), (8, 1, Pre), (4, 1, Pre), (8, 1, Pre), // 70..75
+    (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, Pre), // 76..81
+    (8, 1, FlatPre), (16, 1, Pre), (16, 1, Pre), (16, 1, Pre), (8, 1, FlatPre), (16, 1, Pre), // 82..87
+    (4, 1, Pre), (8, 1, FlatPre), (8, 1, FlatPre), (8, 2, Pre), (16, 1, Pre), (16, 1, FlatPre), // 88..93
+    (16, 1, FlatPre), (16, 1, FlatPre), (16, 1, Pre), (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), // 94..99
+    (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), (4, 1, Pre), (8, 2, Pre), // 100..105
+    (8, 2, Pre), (8, 2, Pre), (16, 1, Pre), (8, 2, Pre), (4, 2, Pre), (8, 2, Pre), // 106..111
+    (8, 2, Pre), (8, 2, Pre), (16, 1, Pre), (8, 2, Pre), (16, 1, Pre), (16, 1, Pre), // 112..117
+    (16, 1, Pre), (8, 2, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, Pre), (16, 1, Pre), // 118..123
+    (16, 1, Pre), (16, 1, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, Pre), // 124..128
 ];
 
-/// How a tensor-core default loads its operands: `L` = `ldmatrix` fragments, `LP` = and
-/// the C prefetch, `LFP` = and flat staging of A and B as well.
+/// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
+/// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`).
 #[derive(Clone, Copy)]
 enum Mma {
-    L,
-    LP,
-    LFP,
+    Ldm,
+    Pre,
+    FlatPre,
 }
-use Mma::{L, LFP, LP};
+use Mma::{FlatPre, Ldm, Pre};
 
 /// The default schedule for `p` on `target`: lightweight blocks (paper 001) of about 128-256
 /// threads; a register tile grows with the size so that a thread does enough FMAs per
@@ -502,14 +502,14 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
         let tiles = (p.m.div_ceil(16) * p.n.div_ceil(8)) as u32;
         let (warps, tba, variant) = match big {
             16..=128 => H100_F16_MMA[big - 16],
-            _ => (8, 1, LP),
+            _ => (8, 1, Pre),
         };
         GpuSchedule {
             stage: match variant {
-                LFP => Staging::Flat,
-                L | LP => Staging::Padded,
+                FlatPre => Staging::Flat,
+                Ldm | Pre => Staging::Padded,
             },
-            prefetch_c: matches!(variant, LP | LFP),
+            prefetch_c: matches!(variant, Pre | FlatPre),
             ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
         }
     } else {
