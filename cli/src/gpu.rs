@@ -13,7 +13,7 @@ use smallgemm::cuda::{self, f16, BatchKind, Gpu, GpuElement};
 use smallgemm::tuning::{self, TuningDb};
 use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 use smallgemm_ir::reference::SplitMix64;
-use smallgemm_ir::{Accumulate, GpuSchedule, GpuTarget, MmaShape, Sm, Staging};
+use smallgemm_ir::{GpuSchedule, GpuTarget, Sm, Staging};
 
 /// Whether `args` (without the program name) is a GPU invocation; if so, runs it.
 pub fn dispatch(args: &[String]) -> Option<Result<ExitCode, String>> {
@@ -404,6 +404,12 @@ struct BenchArgs {
     /// Only the f16 sizes (no f64/f32, no variable-size batches).
     #[arg(long)]
     f16_only: bool,
+    /// Only the variable-size batches.
+    #[arg(long)]
+    variable_only: bool,
+    /// The f16 sizes to measure (default: 2..=128).
+    #[arg(long, value_delimiter = ',')]
+    f16_sizes: Option<Vec<usize>>,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -423,6 +429,14 @@ fn run_bench(args: &BenchArgs) -> Result<ExitCode, String> {
         cfg.f64_sizes.clear();
         cfg.f32_sizes.clear();
         cfg.variable.clear();
+    }
+    if args.variable_only {
+        cfg.f64_sizes.clear();
+        cfg.f32_sizes.clear();
+        cfg.f16_sizes.clear();
+    }
+    if let Some(sizes) = &args.f16_sizes {
+        cfg.f16_sizes = sizes.clone();
     }
     println!("device {} ({})", gpu.name(), gpu.target().sm);
     println!("dtype     n     batch  ours GF/s  ours %bound  cuBLAS GF/s  cuBLAS %bound  speedup  schedule");
@@ -468,6 +482,18 @@ struct TuneArgs {
     /// f16: only the tensor-core candidates (both fragment loaders).
     #[arg(long)]
     mma_only: bool,
+    /// With --variable: also tune the schedule of each bucket of the bucketed launch
+    /// (`Gpu::bucket_variable`), one bucket after another, keeping each bucket's best.
+    #[arg(long)]
+    buckets: bool,
+    /// f16 tensor-core candidates: only those that load fragments with `ldmatrix`.
+    #[arg(long)]
+    ldmatrix_only: bool,
+    /// f16 tensor-core candidates: the planned schedule, and those with `ldmatrix` and the C
+    /// prefetch with up to 2 problems per block and (above 24) at least 2 warps: the
+    /// winners' ranges of a full sweep (docs/gpu-notes.md, version 6).
+    #[arg(long)]
+    quick_mma: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -505,21 +531,37 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
         }
     }
     if spec.dtype() == Dtype::F16 && spec.m().max(spec.n()) >= 8 {
-        for warps in [1, 2, 4, 8] {
-            for tba in [1, 2, 4] {
-                for ldmatrix in [false, true] {
-                    let s = GpuSchedule {
-                        rm: 1,
-                        rn: 1,
-                        tba,
-                        mma: Some(MmaShape::M16N8K16),
-                        warps,
-                        accumulate: Accumulate::F32,
-                        stage: Staging::Padded,
-                        ldmatrix,
-                    };
-                    if s.validate(&p, target).is_ok() && warps * tba <= 16 {
-                        out.push(s);
+        out.extend(mma_candidates(spec, target, &[false, true]));
+    }
+    out
+}
+
+/// Tensor-core candidates: 1, 2, 4, 8 or 16 warps, 1, 2 or 4 problems per block (at most
+/// 16 warps a block), the fragment loaders in `loaders` (`ldmatrix` or not), with and without
+/// the C prefetch, and flat staging of A and B where a side is not a multiple of 8 (the
+/// only sizes where it differs from the padded loader).
+pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> Vec<GpuSchedule> {
+    let p = spec.col_major();
+    let odd = [spec.m(), spec.n(), spec.k()].iter().any(|x| x % 8 != 0);
+    let stages: &[Staging] = if odd {
+        &[Staging::Padded, Staging::Flat]
+    } else {
+        &[Staging::Padded]
+    };
+    let mut out = Vec::new();
+    for warps in [1, 2, 4, 8, 16] {
+        for tba in [1, 2, 4] {
+            for &ldmatrix in loaders {
+                for &stage in stages {
+                    for prefetch_c in [false, true] {
+                        let s = GpuSchedule {
+                            stage,
+                            prefetch_c,
+                            ..GpuSchedule::mma(warps, tba, ldmatrix)
+                        };
+                        if s.validate(&p, target).is_ok() && warps * tba <= 16 {
+                            out.push(s);
+                        }
                     }
                 }
             }
@@ -529,7 +571,7 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
 }
 
 fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
-    let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
+    let mut gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
     let dtypes: Vec<Dtype> = match args.dtype {
         Some(d) => vec![d.into()],
         None => vec![Dtype::F64, Dtype::F32, Dtype::F16],
@@ -559,12 +601,12 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                 match probe.time_variable(&gpu, d, &s, args.reps) {
                     Ok(row) => {
                         let frac = row.ours_fraction(bw);
-                        line.push_str(&format!(" [{}]={:.0}%", short(&s), 100.0 * frac));
+                        line.push_str(&format!(" [{}]={:.0}%", s.label(), 100.0 * frac));
                         if best.is_none_or(|(b, _)| frac > b) {
                             best = Some((frac, s));
                         }
                     }
-                    Err(e) => line.push_str(&format!(" [{}]=error({e})", short(&s))),
+                    Err(e) => line.push_str(&format!(" [{}]=error({e})", s.label())),
                 }
             }
             for lanes in [1, 2, 4, 8, 16] {
@@ -578,9 +620,14 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             }
             println!("{line}");
             if let Some((frac, s)) = best {
-                println!("  best {} at {:.1}% of the bound", short(&s), 100.0 * frac);
+                println!("  best {} at {:.1}% of the bound", s.label(), 100.0 * frac);
                 let key = cuda::gpu_tuning_key(gpu.name(), &spec, BatchKind::VariableSize);
                 db.insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
+            }
+            if args.buckets {
+                for (key, s) in tune_buckets(&mut gpu, &mut probe, &spec, bw, args.reps)? {
+                    db.insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
+                }
             }
         }
         tdb.save(&path).map_err(|e| e.to_string())?;
@@ -600,24 +647,31 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                 .map_err(|e| e.to_string())?;
             let mut best: Option<(f64, GpuSchedule)> = None;
             let mut line = format!("{} n={n}:", d.name());
+            let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).ok();
+            let quick = |s: &GpuSchedule| {
+                Some(*s) == planned
+                    || (s.ldmatrix && s.prefetch_c && s.tba <= 2 && (s.warps >= 2 || n <= 24))
+            };
             for s in candidates(&spec, gpu.target())
                 .into_iter()
                 .filter(|s| !args.mma_only || s.mma.is_some())
+                .filter(|s| !args.ldmatrix_only || s.mma.is_none() || s.ldmatrix)
+                .filter(|s| !args.quick_mma || s.mma.is_none() || quick(s))
             {
                 match probe.time(&gpu, d, n, &s, args.reps) {
                     Ok(row) => {
                         let gf = row.flops / row.ours_s / 1e9;
-                        line.push_str(&format!(" [{}]={gf:.0}", short(&s)));
+                        line.push_str(&format!(" [{}]={gf:.0}", s.label()));
                         if best.is_none_or(|(b, _)| gf > b) {
                             best = Some((gf, s));
                         }
                     }
-                    Err(e) => line.push_str(&format!(" [{}]=error({e})", short(&s))),
+                    Err(e) => line.push_str(&format!(" [{}]=error({e})", s.label())),
                 }
             }
             println!("{line}");
             if let Some((gf, s)) = best {
-                println!("  best {} at {gf:.0} GFLOP/s", short(&s));
+                println!("  best {} at {gf:.0} GFLOP/s", s.label());
                 let key = cuda::gpu_tuning_key(gpu.name(), &spec, BatchKind::Strided);
                 db.insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
             }
@@ -628,24 +682,77 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn short(s: &GpuSchedule) -> String {
-    match s.mma {
-        Some(_) => format!(
-            "mma w{} tba{}{}",
-            s.warps,
-            s.tba,
-            if s.ldmatrix { " ldm" } else { "" }
-        ),
-        None => format!(
-            "r{}x{} tba{}{}",
-            s.rm,
-            s.rn,
-            s.tba,
-            match s.stage {
-                Staging::Padded => "",
-                Staging::Flat => " flat",
-                Staging::FlatC => " flatc",
+/// Tunes the schedule of each bucket of the bucketed variable-size batch (sizes uniform in
+/// 1..=32, four streams): bucket by bucket, largest first, every FMA candidate of the
+/// bucket's spec is timed in the whole bucketed launch with the other buckets at their
+/// best so far; a bucket keeps its planned schedule unless a candidate beats it. Returns
+/// the tuning database entries of the buckets whose best is not the planned schedule.
+fn tune_buckets(
+    gpu: &mut Gpu,
+    probe: &mut bench::Probe,
+    spec: &GemmSpec,
+    bw: f64,
+    reps: usize,
+) -> Result<Vec<(String, GpuSchedule)>, String> {
+    let d = spec.dtype();
+    let mut picks = std::collections::HashMap::new();
+    let mut measure = |gpu: &mut Gpu, picks: &std::collections::HashMap<String, GpuSchedule>| {
+        gpu.set_tuned(picks.clone());
+        probe
+            .time_bucketed(gpu, d, 4, reps)
+            .map(|row| row.ours_fraction(bw))
+            .map_err(|e| e.to_string())
+    };
+    let mut current = measure(gpu, &picks)?;
+    println!(
+        "{} bucketed, planned schedules: {:.1}%",
+        d.name(),
+        100.0 * current
+    );
+    let mut sides: Vec<(usize, usize)> = [8, 16, 24, 32]
+        .iter()
+        .flat_map(|&m| [8, 16, 24, 32].map(|n| (m, n)))
+        .collect();
+    sides.sort_by_key(|&(m, n)| std::cmp::Reverse(m * n));
+    for (m, n) in sides {
+        let sub = cuda::bucket_spec(spec, m, n).map_err(|e| e.to_string())?;
+        let key = cuda::gpu_tuning_key(gpu.name(), &sub, BatchKind::VariableSize);
+        let mut line = format!("  bucket {m}x{n}:");
+        let mut best = None;
+        for s in candidates(&sub, gpu.target())
+            .into_iter()
+            .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
+        {
+            picks.insert(key.clone(), s);
+            match measure(gpu, &picks) {
+                Ok(frac) => {
+                    line.push_str(&format!(" [{}]={:.1}%", s.label(), 100.0 * frac));
+                    if frac > current {
+                        current = frac;
+                        best = Some(s);
+                    }
+                }
+                Err(e) => line.push_str(&format!(" [{}]=error({e})", s.label())),
             }
-        ),
+        }
+        match best {
+            Some(s) => {
+                picks.insert(key, s);
+                line.push_str(&format!(" -> {}", s.label()));
+            }
+            None => {
+                picks.remove(&key);
+                line.push_str(" -> planned");
+            }
+        }
+        println!("{line}");
     }
+    let last = measure(gpu, &picks)?;
+    println!(
+        "{} bucketed, tuned schedules: {:.1}% (best seen {:.1}%)",
+        d.name(),
+        100.0 * last,
+        100.0 * current
+    );
+    Ok(picks.into_iter().collect())
 }

@@ -4,7 +4,8 @@
 use std::fmt::Write;
 
 use smallgemm_ir::{
-    Accumulate, ColMajorProblem, Dtype, GpuSchedule, Scalar, SharedLayout, Sm, Staging, Trans,
+    Accumulate, ColMajorProblem, Dtype, GpuSchedule, Operand, Scalar, SharedLayout, Sm, Staging,
+    Trans,
 };
 
 use crate::{ptx_version, BatchKind, ExtraParam};
@@ -511,6 +512,75 @@ fn load_flat(
     }
 }
 
+/// Writes zeros into the k padding (k..kp) of one problem's padded copy of A or B (C has
+/// none), the elements a loader that copies only the matrix leaves alone (`load_flat`).
+/// The rows or columns past m or n need no zeros: they only reach rows or columns of the
+/// product that are never stored. Where k is the strided direction the padding is one block (16-byte
+/// stores), else a short run per row or column (32-bit stores where k is even).
+#[allow(clippy::too_many_arguments)]
+fn zero_k_padding(
+    asm: &mut Asm,
+    lt: &str,
+    tpp: usize,
+    base: &str,
+    op: Operand,
+    p: &ColMajorProblem,
+    layout: &SharedLayout,
+    kp: usize,
+) {
+    let k = p.k;
+    if k == kp {
+        return;
+    }
+    // Element (x, kk) of the operand at x * x_stride + kk * k_stride; x < others.
+    let (k_stride, x_stride, others) = match op {
+        Operand::A => (layout.a_col, layout.a_row, p.m),
+        Operand::B => (layout.b_row, layout.b_col, p.n),
+        Operand::C => return,
+    };
+    asm.comment("zeros in the k padding");
+    if k_stride != 1 {
+        let vectors = (kp - k) * k_stride * 2 / 16;
+        let zero = asm.reg(Kind::B32);
+        asm.op(format!("mov.b32 {zero}, 0"));
+        let at = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {at}, {lt}, 16, {base}"));
+        for i in 0..vectors.div_ceil(tpp) {
+            let pred =
+                ((i + 1) * tpp > vectors).then(|| asm.lt(lt, &(vectors - i * tpp).to_string()));
+            asm.op(format!(
+                "{}st.shared.v4.b32 [{at}+{}], {{{zero}, {zero}, {zero}, {zero}}}",
+                guard(&pred),
+                k * k_stride * 2 + i * tpp * 16
+            ));
+        }
+        return;
+    }
+    // Runs of kp - k elements, `unit` elements per store.
+    let unit = if k % 2 == 0 { 2 } else { 1 };
+    let run = (kp - k) / unit;
+    let count = others * run;
+    let ty = if unit == 2 { "b32" } else { "b16" };
+    let zero = asm.reg(if unit == 2 { Kind::B32 } else { Kind::B16 });
+    asm.op(format!("mov.{ty} {zero}, 0"));
+    for i in 0..count.div_ceil(tpp) {
+        let e = asm.reg(Kind::B32);
+        asm.op(format!("add.u32 {e}, {lt}, {}", i * tpp));
+        let pred = ((i + 1) * tpp > count).then(|| asm.lt(&e, &count.to_string()));
+        let (x, j) = (asm.reg(Kind::B32), asm.reg(Kind::B32));
+        asm.op(format!("div.u32 {x}, {e}, {run}"));
+        asm.op(format!("rem.u32 {j}, {e}, {run}"));
+        let at = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {at}, {x}, {}, {base}", x_stride * 2));
+        asm.op(format!("mad.lo.u32 {at}, {j}, {}, {at}", unit * 2));
+        asm.op(format!(
+            "{}st.shared.{ty} [{at}+{}], {zero}",
+            guard(&pred),
+            k * 2
+        ));
+    }
+}
+
 /// The widest vector (in elements, at most 16 bytes) a loader may use: the lead extents,
 /// the leading dimension and the batch stride must be multiples of it, and the matrix
 /// addresses known aligned (strided batches; pointer arrays may point anywhere).
@@ -749,6 +819,9 @@ pub(crate) fn kernel(
         )),
         Some(_) => None,
     };
+    // Tensor-core kernels with a C prefetch: C's loads go out before A's and B's.
+    let mut mma_warp_early = (s.mma.is_some() && s.prefetch_c)
+        .then(|| mma_warp(&mut asm, p, s, &lt, &problem, &epi, true));
     asm.comment("stage A and B in shared memory");
     let (mext, kext, next) = match s.mma {
         Some(shape) => (
@@ -779,20 +852,26 @@ pub(crate) fn kernel(
     };
     let v = vector_width(kind, dtype, lead, &problem.lda, lext, p.stride_a);
     let packed = lead.max * other.max;
-    if flat.a.is_some() {
-        // Staged flat above.
-    } else if v < 16 / elt
+    let flat_ok = v < 16 / elt
         && kind == BatchKind::Strided
         && lead.runtime.is_none()
-        && (lext, oext) == (lead.max, other.max)
         && problem.lda.max == lead.max
-        && p.stride_a == packed
+        && p.stride_a == packed;
+    if flat.a.is_some() {
+        // Staged flat above.
+    } else if flat_ok
+        && (lext, oext) == (lead.max, other.max)
         // Measured: a win from about 2 KiB per matrix, a loss on tiny ones.
         && packed * elt >= 2048
     {
         load_flat(
             &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
         );
+    } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
+        load_flat(
+            &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
+        );
+        zero_k_padding(&mut asm, &lt, tpp, &sa, Operand::A, p, &layout, kext);
     } else {
         load_operand(
             &mut asm,
@@ -831,20 +910,26 @@ pub(crate) fn kernel(
     };
     let v = vector_width(kind, dtype, lead, &problem.ldb, lext, p.stride_b);
     let packed = lead.max * other.max;
-    if flat.b.is_some() {
-        // Staged flat above.
-    } else if v < 16 / elt
+    let flat_ok = v < 16 / elt
         && kind == BatchKind::Strided
         && lead.runtime.is_none()
-        && (lext, oext) == (lead.max, other.max)
         && problem.ldb.max == lead.max
-        && p.stride_b == packed
+        && p.stride_b == packed;
+    if flat.b.is_some() {
+        // Staged flat above.
+    } else if flat_ok
+        && (lext, oext) == (lead.max, other.max)
         // Measured: a win from about 2 KiB per matrix, a loss on tiny ones.
         && packed * elt >= 2048
     {
         load_flat(
             &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
         );
+    } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
+        load_flat(
+            &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
+        );
+        zero_k_padding(&mut asm, &lt, tpp, &sb, Operand::B, p, &layout, kext);
     } else {
         load_operand(
             &mut asm,
@@ -881,7 +966,13 @@ pub(crate) fn kernel(
         Some(tile) => fma_body(
             &mut asm, p, s, &layout, &sa, &sb, &problem, &epi, &exit, tile,
         ),
-        None => mma_body(&mut asm, p, s, &layout, &lt, &sa, &sb, &problem, &epi),
+        None => {
+            let mw = match mma_warp_early.take() {
+                Some(mw) => mw,
+                None => mma_warp(&mut asm, p, s, &lt, &problem, &epi, false),
+            };
+            mma_body(&mut asm, p, s, &layout, &sa, &sb, &epi, &mw);
+        }
     }
     if let Some((span, end, region, vectors)) = &cflat_region {
         asm.place(&cdone);
@@ -1390,30 +1481,44 @@ fn fma_c_tile(
     }
 }
 
-/// Tensor-core kernels: `warps` warps per problem; warp w takes 16x8 tiles of C in turn
-/// and runs `mma.sync.m16n8k16` over the k padded to 16 (the padding is zeros in shared
-/// memory). When the warp count is a multiple of the row tiles, a warp keeps one row of
-/// tiles and loads its A fragments once.
-#[allow(clippy::too_many_arguments)]
-fn mma_body(
+/// A warp's place in a tensor-core kernel and its tiles of C.
+struct MmaWarp {
+    lane: String,
+    gid: String,
+    tig: String,
+    tiles: Vec<MmaTile>,
+}
+
+/// One 16x8 tile of C a warp computes: its row and column tile, whether it exists (the
+/// last round of tiles may be short), and per accumulator c0..c3 the address in C, the
+/// guard and (when prefetched) the old value.
+struct MmaTile {
+    tmr: String,
+    tnr: String,
+    valid: Option<String>,
+    #[allow(clippy::type_complexity)]
+    slots: Vec<(String, Option<String>, Option<String>)>,
+}
+
+/// The tiles of C of this thread's warp, with their addresses in C; with `prefetch`, the
+/// old values of C (beta != 0) are loaded here, all before any is stored. When the warp
+/// count is a multiple of the row tiles, a warp keeps one row of tiles (its A fragments are
+/// loaded once).
+fn mma_warp(
     asm: &mut Asm,
     p: &ColMajorProblem,
     s: &GpuSchedule,
-    layout: &SharedLayout,
     lt: &str,
-    sa: &str,
-    sb: &str,
     problem: &ProblemRegs,
     epi: &Epilogue,
-) {
+    prefetch: bool,
+) -> MmaWarp {
     let shape = s.mma.unwrap_or(smallgemm_ir::MmaShape::M16N8K16);
     let w = s.warps as usize;
     let mt = p.m.div_ceil(shape.m as usize);
     let nt = p.n.div_ceil(shape.n as usize);
-    let ks = p.k.div_ceil(shape.k as usize);
     let tiles = mt * nt;
     let reuse = w % mt == 0;
-    let q_count = tiles.div_ceil(w);
     let warp = asm.reg(Kind::B32);
     asm.op(format!("shr.u32 {warp}, {lt}, 5"));
     let lane = asm.reg(Kind::B32);
@@ -1422,6 +1527,112 @@ fn mma_body(
     asm.op(format!("shr.u32 {gid}, {lane}, 2"));
     let tig = asm.reg(Kind::B32);
     asm.op(format!("and.b32 {tig}, {lane}, 3"));
+    let fixed_row = reuse.then(|| {
+        let tmr = asm.reg(Kind::B32);
+        asm.op(format!("rem.u32 {tmr}, {warp}, {mt}"));
+        tmr
+    });
+    let ldc = problem.ldc.max;
+    let mut out = Vec::new();
+    for q in 0..tiles.div_ceil(w) {
+        let (tmr, tnr, valid) = match &fixed_row {
+            Some(tmr) => {
+                // Row tile w % mt, column tiles w / mt + q * (w / mt).
+                let step = w / mt;
+                let tnr = asm.reg(Kind::B32);
+                asm.op(format!("div.u32 {tnr}, {warp}, {mt}"));
+                if q > 0 {
+                    asm.op(format!("add.u32 {tnr}, {tnr}, {}", q * step));
+                }
+                let valid = ((q + 1) * step > nt).then(|| asm.lt(&tnr, &nt.to_string()));
+                (tmr.clone(), tnr, valid)
+            }
+            None => {
+                let t = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {t}, {warp}, {}", q * w));
+                let valid = ((q + 1) * w > tiles).then(|| asm.lt(&t, &tiles.to_string()));
+                let tmr = asm.reg(Kind::B32);
+                let tnr = asm.reg(Kind::B32);
+                asm.op(format!("rem.u32 {tmr}, {t}, {mt}"));
+                asm.op(format!("div.u32 {tnr}, {t}, {mt}"));
+                (tmr, tnr, valid)
+            }
+        };
+        // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down.
+        let row = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {row}, {tmr}, 16, {gid}"));
+        let col = asm.reg(Kind::B32);
+        asm.op(format!("shl.b32 {col}, {tig}, 1"));
+        asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
+        let off = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
+        let off64 = asm.reg(Kind::B64);
+        asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
+        let cbase = asm.reg(Kind::B64);
+        asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
+        let mut rp = Vec::new();
+        for dr in [0, 8] {
+            rp.push((p.m % 16 != 0).then(|| {
+                let r = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {r}, {row}, {dr}"));
+                asm.lt(&r, &p.m.to_string())
+            }));
+        }
+        let mut cp = Vec::new();
+        for dc in [0, 1] {
+            cp.push((p.n % 8 != 0).then(|| {
+                let r = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {r}, {col}, {dc}"));
+                asm.lt(&r, &p.n.to_string())
+            }));
+        }
+        let mut slots = Vec::new();
+        for i in 0..4 {
+            let (dr, dc) = (8 * (i / 2), i % 2);
+            let pred = asm.and(rp[i / 2].clone(), cp[dc].clone());
+            let addr = format!("{cbase}+{}", (dr + dc * ldc) * 2);
+            let old = (prefetch && epi.beta != Scalar::Zero).then(|| {
+                // A tile past the last one must not read: its address may lie outside C.
+                let lp = asm.and(pred.clone(), valid.clone());
+                epi.load(asm, &addr, &lp, "global")
+            });
+            slots.push((addr, pred, old));
+        }
+        out.push(MmaTile {
+            tmr,
+            tnr,
+            valid,
+            slots,
+        });
+    }
+    MmaWarp {
+        lane,
+        gid,
+        tig,
+        tiles: out,
+    }
+}
+
+/// Tensor-core kernels: `warps` warps per problem; warp w takes 16x8 tiles of C in turn
+/// (`MmaWarp`) and runs `mma.sync.m16n8k16` over the k padded to 16 (the padding is zeros
+/// in shared memory).
+#[allow(clippy::too_many_arguments)]
+fn mma_body(
+    asm: &mut Asm,
+    p: &ColMajorProblem,
+    s: &GpuSchedule,
+    layout: &SharedLayout,
+    sa: &str,
+    sb: &str,
+    epi: &Epilogue,
+    mw: &MmaWarp,
+) {
+    let shape = s.mma.unwrap_or(smallgemm_ir::MmaShape::M16N8K16);
+    let w = s.warps as usize;
+    let mt = p.m.div_ceil(shape.m as usize);
+    let ks = p.k.div_ceil(shape.k as usize);
+    let reuse = w % mt == 0;
+    let (lane, gid, tig) = (&mw.lane, &mw.gid, &mw.tig);
     // A fragment word holds two halves adjacent in k: one 32-bit load where k is the
     // contiguous direction in shared memory, else two 16-bit loads packed.
     let pair = |asm: &mut Asm, base: &str, off: usize, step: usize| -> String {
@@ -1515,49 +1726,21 @@ fn mma_body(
         asm.op(format!("add.u32 {r}, {r}, {lane}"));
         r
     };
-    let mut fixed_a: Option<(String, Vec<[String; 4]>)> = None;
+    let mut fixed_a: Option<Vec<[String; 4]>> = None;
     if reuse {
-        let tmr = asm.reg(Kind::B32);
-        asm.op(format!("rem.u32 {tmr}, {warp}, {mt}"));
-        let abase = tile_base(asm, sa, &tmr, 16 * a_row * 2, &a_lane);
-        let frags = (0..ks).map(|k| load_a(asm, &abase, k)).collect();
-        fixed_a = Some((tmr, frags));
+        let tmr = &mw.tiles[0].tmr;
+        let abase = tile_base(asm, sa, tmr, 16 * a_row * 2, &a_lane);
+        fixed_a = Some((0..ks).map(|k| load_a(asm, &abase, k)).collect());
     }
-    let ldc = problem.ldc.max;
-    for q in 0..q_count {
+    for (q, tile) in mw.tiles.iter().enumerate() {
         asm.comment(&format!("tile {q} of this warp"));
         let skip = asm.label();
-        let (tmr, tnr, valid) = if reuse {
-            // Row tile w % mt, column tiles w / mt + q * (w / mt).
-            let step = w / mt;
-            let tnr = asm.reg(Kind::B32);
-            asm.op(format!("div.u32 {tnr}, {warp}, {mt}"));
-            if q > 0 {
-                asm.op(format!("add.u32 {tnr}, {tnr}, {}", q * step));
-            }
-            let valid = ((q + 1) * step > nt).then(|| asm.lt(&tnr, &nt.to_string()));
-            let tmr = fixed_a.as_ref().map(|f| f.0.clone()).unwrap_or_default();
-            (tmr, tnr, valid)
-        } else {
-            let t = asm.reg(Kind::B32);
-            asm.op(format!("add.u32 {t}, {warp}, {}", q * w));
-            let valid = ((q + 1) * w > tiles).then(|| asm.lt(&t, &tiles.to_string()));
-            let tmr = asm.reg(Kind::B32);
-            let tnr = asm.reg(Kind::B32);
-            asm.op(format!("rem.u32 {tmr}, {t}, {mt}"));
-            asm.op(format!("div.u32 {tnr}, {t}, {mt}"));
-            (tmr, tnr, valid)
-        };
-        if let Some(v) = &valid {
+        if let Some(v) = &tile.valid {
             // Warp-uniform: every lane of the warp has the same tile.
             asm.op(format!("@!{v} bra.uni {skip}"));
         }
-        let bbase = tile_base(asm, sb, &tnr, 8 * b_col * 2, &b_lane);
-        let abase = if reuse {
-            None
-        } else {
-            Some(tile_base(asm, sa, &tmr, 16 * a_row * 2, &a_lane))
-        };
+        let bbase = tile_base(asm, sb, &tile.tnr, 8 * b_col * 2, &b_lane);
+        let abase = (!reuse).then(|| tile_base(asm, sa, &tile.tmr, 16 * a_row * 2, &a_lane));
         let acc: [String; 4] = std::array::from_fn(|_| asm.reg(Kind::F32));
         for r in &acc {
             asm.op(format!("mov.f32 {r}, 0f00000000"));
@@ -1565,7 +1748,7 @@ fn mma_body(
         for k in 0..ks {
             let a = match (&abase, &fixed_a) {
                 (Some(base), _) => load_a(asm, base, k),
-                (None, Some((_, frags))) => frags[k].clone(),
+                (None, Some(frags)) => frags[k].clone(),
                 (None, None) => load_a(asm, sa, k),
             };
             let [b0, b1] = load_b(asm, &bbase, k);
@@ -1575,47 +1758,10 @@ fn mma_body(
                 a.join(", ")
             ));
         }
-        // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down.
-        let row = asm.reg(Kind::B32);
-        asm.op(format!("mad.lo.u32 {row}, {tmr}, 16, {gid}"));
-        let col = asm.reg(Kind::B32);
-        asm.op(format!("shl.b32 {col}, {tig}, 1"));
-        asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
-        let off = asm.reg(Kind::B32);
-        asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
-        let off64 = asm.reg(Kind::B64);
-        asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
-        let cbase = asm.reg(Kind::B64);
-        asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
-        let need_rows = p.m % 16 != 0;
-        let need_cols = p.n % 8 != 0;
-        let mut rp = Vec::new();
-        for dr in [0, 8] {
-            rp.push(if need_rows {
-                let r = asm.reg(Kind::B32);
-                asm.op(format!("add.u32 {r}, {row}, {dr}"));
-                Some(asm.lt(&r, &p.m.to_string()))
-            } else {
-                None
-            });
+        for (v, (addr, pred, old)) in acc.iter().zip(&tile.slots) {
+            epi.store(asm, v, addr, pred, old.as_deref(), "global");
         }
-        let mut cp = Vec::new();
-        for dc in [0, 1] {
-            cp.push(if need_cols {
-                let r = asm.reg(Kind::B32);
-                asm.op(format!("add.u32 {r}, {col}, {dc}"));
-                Some(asm.lt(&r, &p.n.to_string()))
-            } else {
-                None
-            });
-        }
-        for (i, v) in acc.iter().enumerate() {
-            let (dr, dc) = (8 * (i / 2), i % 2);
-            let pred = asm.and(rp[i / 2].clone(), cp[dc].clone());
-            let addr = format!("{cbase}+{}", (dr + dc * ldc) * 2);
-            epi.store(asm, v, &addr, &pred, None, "global");
-        }
-        if valid.is_some() {
+        if tile.valid.is_some() {
             asm.place(&skip);
         }
     }

@@ -110,12 +110,18 @@ pub fn scalar_dtype(dtype: Dtype) -> Dtype {
 pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     let mma = match s.mma {
         Some(m) => format!(
-            "_mma{}x{}x{}w{}{}",
+            "_mma{}x{}x{}w{}{}{}{}",
             m.m,
             m.n,
             m.k,
             s.warps,
-            if s.ldmatrix { "_ldm" } else { "" }
+            if s.ldmatrix { "_ldm" } else { "" },
+            if s.stage == Staging::Padded {
+                ""
+            } else {
+                "_flat"
+            },
+            if s.prefetch_c { "_pc" } else { "" }
         ),
         None => format!(
             "_r{}x{}{}",

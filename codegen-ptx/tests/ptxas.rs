@@ -2,13 +2,13 @@
 //! sm_80 and sm_90. CI installs ptxas (scripts/test.sh), so a missing ptxas fails the test.
 
 use smallgemm_codegen_ptx::{combine, generate, ptxas, BatchKind, PtxKernel};
-use smallgemm_ir::{Dtype, GemmSpec, GpuTarget, Layout, Scalar, Sm, Trans};
+use smallgemm_ir::{Dtype, GemmSpec, GpuSchedule, GpuTarget, Layout, Scalar, Sm, Staging, Trans};
 
 fn specs() -> Vec<(GemmSpec, BatchKind)> {
     let mut out = Vec::new();
     for dtype in [Dtype::F64, Dtype::F32, Dtype::F16] {
         let top = if dtype == Dtype::F16 { 128 } else { 32 };
-        for n in (1..=top).filter(|&n| n <= 34 || n % 16 == 0 || n == 100) {
+        for n in (1..=top).filter(|&n| n <= 34 || n % 16 == 0 || [58, 79, 100].contains(&n)) {
             out.push((
                 GemmSpec::builder(dtype, n, n, n)
                     .alpha(Scalar::fixed(1.5).unwrap())
@@ -59,6 +59,55 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
     out
 }
 
+/// The tensor-core schedules the GPU tests try besides the planned ones: both fragment
+/// loaders, padded and flat staging, with and without the C prefetch.
+fn mma_variants() -> Vec<GpuSchedule> {
+    let mut out = Vec::new();
+    for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
+        for ldmatrix in [false, true] {
+            for stage in [Staging::Padded, Staging::Flat] {
+                for prefetch_c in [false, true] {
+                    out.push(GpuSchedule {
+                        stage,
+                        prefetch_c,
+                        ..GpuSchedule::mma(warps, tba, ldmatrix)
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The planned kernel of every spec, and the f16 tensor-core variants on the f16 specs.
+fn kernels(target: &GpuTarget) -> Vec<PtxKernel> {
+    let mut out = Vec::new();
+    for (i, (spec, kind)) in specs().into_iter().enumerate() {
+        out.push(generate(&spec, target, None, kind).unwrap());
+        // The variants on the transposed shapes and a few odd and even squares (all of
+        // them on every spec would take ptxas many minutes).
+        let square = spec.m() == spec.n() && spec.n() == spec.k();
+        if spec.dtype() != Dtype::F16
+            || kind == BatchKind::VariableSize
+            || spec.m().max(spec.n()) < 8
+            || (square && ![17, 24, 33, 58, 79].contains(&spec.n()))
+        {
+            continue;
+        }
+        // Squares: every variant; the other shapes: every eighth, in turn.
+        for (j, s) in mma_variants().into_iter().enumerate() {
+            if (square || j % 8 == i % 8) && s.validate(&spec.col_major(), target).is_ok() {
+                let k = generate(&spec, target, Some(&s), kind).unwrap();
+                // One definition per entry (a variant may be the planned kernel).
+                if out.iter().all(|o| o.entry != k.entry) {
+                    out.push(k);
+                }
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn ptxas_accepts_every_kernel() {
     let ptxas = ptxas::find().expect(
@@ -66,10 +115,7 @@ fn ptxas_accepts_every_kernel() {
     );
     for sm in [Sm::Sm80, Sm::Sm90] {
         let target = GpuTarget::new(sm);
-        let kernels: Vec<PtxKernel> = specs()
-            .iter()
-            .map(|(spec, kind)| generate(spec, &target, None, *kind).unwrap())
-            .collect();
+        let kernels = kernels(&target);
         let refs: Vec<&PtxKernel> = kernels.iter().collect();
         // One module per chunk keeps ptxas runs few and failures readable.
         for chunk in refs.chunks(64) {

@@ -158,7 +158,10 @@ pub struct GpuSchedule {
     pub warps: u32,
     /// f16 accumulation precision (ignored for f32/f64).
     pub accumulate: Accumulate,
-    /// Shared-memory staging of FMA kernels (ignored by tensor-core kernels).
+    /// Shared-memory staging. Tensor-core kernels read `Flat` and `FlatC` alike: A and B of
+    /// a packed strided batch whose rows are not 16-byte aligned (odd sizes) are read with
+    /// 16-byte loads over the matrix as one flat array, each element then stored to its
+    /// place in the padded layout (`Padded`: element-wise loads there).
     #[serde(default)]
     pub stage: Staging,
     /// Tensor-core kernels: load the A and B fragments with `ldmatrix` (one instruction per
@@ -166,6 +169,11 @@ pub struct GpuSchedule {
     /// shared loads. Ignored by FMA kernels.
     #[serde(default)]
     pub ldmatrix: bool,
+    /// Tensor-core kernels: load the old values of C (beta != 0) for all of a warp's tiles
+    /// before A and B are staged, so that their latency overlaps the staging instead of
+    /// following each tile's mma one after another. Ignored by FMA kernels (they always do).
+    #[serde(default)]
+    pub prefetch_c: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -227,6 +235,43 @@ impl GpuSchedule {
             accumulate: Accumulate::F32,
             stage,
             ldmatrix: false,
+            prefetch_c: false,
+        }
+    }
+
+    /// A tensor-core schedule (`mma.sync.m16n8k16`, f32 accumulation): `warps` warps per
+    /// problem, `tba` problems per block, padded staging, no C prefetch.
+    pub fn mma(warps: u32, tba: u32, ldmatrix: bool) -> GpuSchedule {
+        GpuSchedule {
+            rm: 1,
+            rn: 1,
+            tba,
+            mma: Some(MmaShape::M16N8K16),
+            warps,
+            accumulate: Accumulate::F32,
+            stage: Staging::Padded,
+            ldmatrix,
+            prefetch_c: false,
+        }
+    }
+
+    /// A short human-readable summary (`mma w8 tba1 ldm pc`, `r4x4 tba2 flat`) for tables.
+    pub fn label(&self) -> String {
+        let stage = match self.stage {
+            Staging::Padded => "",
+            Staging::Flat => " flat",
+            Staging::FlatC if self.mma.is_some() => " flat",
+            Staging::FlatC => " flatc",
+        };
+        match self.mma {
+            Some(_) => format!(
+                "mma w{} tba{}{}{stage}{}",
+                self.warps,
+                self.tba,
+                if self.ldmatrix { " ldm" } else { "" },
+                if self.prefetch_c { " pc" } else { "" }
+            ),
+            None => format!("r{}x{} tba{}{stage}", self.rm, self.rn, self.tba),
         }
     }
 
@@ -307,8 +352,10 @@ impl GpuSchedule {
             Some(s) => {
                 let tiles = (p.m.div_ceil(s.m as usize) * p.n.div_ceil(s.n as usize)) as u32;
                 let per_warp = tiles.div_ceil(self.warps.max(1));
-                // 4 f32 accumulators per 16x8 tile, 4 + 2 fragment words, addressing.
-                (32 * self.warps, per_warp * 4 + 12 + 24)
+                // 4 f32 accumulators per 16x8 tile, 4 + 2 fragment words, addressing; a
+                // prefetch of C holds 4 halves per tile of the warp.
+                let prefetched = if self.prefetch_c { per_warp * 4 } else { 0 };
+                (32 * self.warps, per_warp * 4 + prefetched + 12 + 24)
             }
         };
         GpuResources {
@@ -405,35 +452,42 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
     (4, 2, 7, FC), (4, 4, 8, FC), (4, 4, 8, FC), (4, 4, 16, FC), // 12..15
 ];
 
-/// f16 tensor-core winners for n = 16..=105 on an H100 (`smallgemm tune --gpu --dtype f16
-/// --mma-only`, every warp count, tba and fragment loader; two calls, the second stopped by
-/// its time limit after 105): (warps, tba, loader), `L` = `ldmatrix`, `S` = 16/32-bit
-/// shared loads. Above 105 (not swept): 8 warps, one problem, `ldmatrix`.
+/// f16 tensor-core winners for n = 16..=128 on an H100 (`smallgemm tune --gpu --dtype f16
+/// --mma-only`: a full sweep of the `ldmatrix` candidates over 33 sizes, then `--quick-mma`
+/// over the other 80, then `--quick-mma` with 16 warps over 65..128; docs/gpu-notes.md,
+/// version 6): (warps, tba, variant).
 #[rustfmt::skip]
-const H100_F16_MMA: [(u32, u32, Frag); 90] = [
-    (1, 2, L), (1, 2, L), (1, 4, L), (1, 2, L), (1, 1, L), (1, 1, L), // 16..21
-    (1, 1, L), (1, 1, L), (2, 2, L), (1, 1, L), (1, 1, L), (1, 1, S), // 22..27
-    (1, 1, S), (1, 1, L), (1, 1, L), (1, 1, L), (4, 1, L), (1, 1, L), // 28..33
-    (1, 2, L), (1, 1, L), (1, 2, L), (1, 1, L), (1, 2, L), (1, 1, L), // 34..39
-    (1, 2, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), // 40..45
-    (8, 1, L), (8, 1, L), (8, 2, L), (8, 1, L), (8, 1, L), (8, 1, L), // 46..51
-    (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (1, 1, L), (8, 1, L), // 52..57
-    (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), // 58..63
-    (8, 1, S), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), // 64..69
-    (8, 1, L), (8, 2, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), // 70..75
-    (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 1, L), (8, 2, L), // 76..81
-    (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), // 82..87
-    (8, 2, L), (8, 2, L), (8, 1, L), (8, 2, L), (8, 1, L), (8, 2, L), // 88..93
-    (8, 1, L), (8, 1, L), (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), // 94..99
-    (8, 1, L), (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), (8, 2, L), // 100..105
+const H100_F16_MMA: [(u32, u32, Mma); 113] = [
+    (1, 1, Pre), (2, 2, Pre), (2, 2, Pre), (2, 2, Pre), (2, 2, Pre), (2, 1, Pre), // 16..21
+    (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (2, 2, Pre), (8, 1, Pre), (2, 2, Pre), // 22..27
+    (8, 1, Pre), (2, 1, FlatPre), (2, 1, Pre), (2, 1, FlatPre), (4, 1, Ldm), (4, 2, Pre), // 28..33
+    (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (4, 2, Pre), // 34..39
+    (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), // 40..45
+    (4, 1, Pre), (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), // 46..51
+    (4, 1, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), // 52..57
+    (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), // 58..63
+    (4, 1, Pre), (16, 1, Pre), (4, 1, Pre), (16, 1, Pre), (8, 1, Pre), (8, 1, Pre), // 64..69
+    (4, 1, Pre), (8, 1, Pre), (8, 1, Pre), (8, 1, Pre), (4, 1, Pre), (8, 1, Pre), // 70..75
+    (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, Pre), // 76..81
+    (8, 1, FlatPre), (16, 1, Pre), (16, 1, Pre), (16, 1, Pre), (8, 1, FlatPre), (16, 1, Pre), // 82..87
+    (4, 1, Pre), (8, 1, FlatPre), (8, 1, FlatPre), (8, 2, Pre), (16, 1, Pre), (16, 1, FlatPre), // 88..93
+    (16, 1, FlatPre), (16, 1, FlatPre), (16, 1, Pre), (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), // 94..99
+    (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), (4, 1, Pre), (8, 2, Pre), // 100..105
+    (8, 2, Pre), (8, 2, Pre), (16, 1, Pre), (8, 2, Pre), (4, 2, Pre), (8, 2, Pre), // 106..111
+    (8, 2, Pre), (8, 2, Pre), (16, 1, Pre), (8, 2, Pre), (16, 1, Pre), (16, 1, Pre), // 112..117
+    (16, 1, Pre), (8, 2, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, Pre), (16, 1, Pre), // 118..123
+    (16, 1, Pre), (16, 1, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, Pre), // 124..128
 ];
 
+/// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
+/// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`).
 #[derive(Clone, Copy)]
-enum Frag {
-    L,
-    S,
+enum Mma {
+    Ldm,
+    Pre,
+    FlatPre,
 }
-use Frag::{L, S};
+use Mma::{FlatPre, Ldm, Pre};
 
 /// The default schedule for `p` on `target`: lightweight blocks (paper 001) of about 128-256
 /// threads; a register tile grows with the size so that a thread does enough FMAs per
@@ -443,22 +497,20 @@ use Frag::{L, S};
 pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, GpuScheduleError> {
     let big = p.m.max(p.n);
     let mut s = if p.dtype == Dtype::F16 && big >= 16 {
-        // Tensor cores; warps per problem, problems per block and the fragment loader
-        // from the H100 sweep (mostly one warp up to 40, then 8 warps).
+        // Tensor cores; warps per problem, problems per block, staging and C prefetch
+        // from the H100 sweep (2 warps up to about 31, 4 to 64, then 8 or 16).
         let tiles = (p.m.div_ceil(16) * p.n.div_ceil(8)) as u32;
-        let (warps, tba, frag) = match big {
-            16..=105 => H100_F16_MMA[big - 16],
-            _ => (8, 1, L),
+        let (warps, tba, variant) = match big {
+            16..=128 => H100_F16_MMA[big - 16],
+            _ => (8, 1, Pre),
         };
         GpuSchedule {
-            rm: 1,
-            rn: 1,
-            tba,
-            mma: Some(MmaShape::M16N8K16),
-            warps: warps.min(tiles).max(1),
-            accumulate: Accumulate::F32,
-            stage: Staging::Padded,
-            ldmatrix: matches!(frag, L),
+            stage: match variant {
+                FlatPre => Staging::Flat,
+                Ldm | Pre => Staging::Padded,
+            },
+            prefetch_c: matches!(variant, Pre | FlatPre),
+            ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
         }
     } else {
         // f64/f32 2..32: the winners of a `smallgemm tune --gpu` sweep on an H100 (every
@@ -496,6 +548,10 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
     // Shrink tba until the block fits (shared memory of large k, say).
     while s.tba > 1 && s.validate(p, target).is_err() {
         s.tba -= 1;
+    }
+    if s.prefetch_c && s.validate(p, target).is_err() {
+        // Too many tiles per warp (a long, thin shape) to hold C's old values too.
+        s.prefetch_c = false;
     }
     if s.mma.is_none() && s.validate(p, target).is_err() {
         // Too many threads for one-element tiles: grow the tile.

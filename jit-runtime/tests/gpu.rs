@@ -9,7 +9,7 @@ use smallgemm::cuda::cudarc::driver::{CudaSlice, DevicePtr};
 use smallgemm::cuda::{self, f16, BatchKind, CudaError, Gpu, GpuElement, Group};
 use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 use smallgemm_ir::reference::{SplitMix64, TestData};
-use smallgemm_ir::{Accumulate, GpuSchedule, Staging};
+use smallgemm_ir::{GpuSchedule, Staging};
 
 fn gpu(test: &str) -> Option<Gpu> {
     match Gpu::new(0) {
@@ -431,9 +431,9 @@ fn f16_matches_the_reference() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Both tensor-core fragment loaders (16/32-bit shared loads and `ldmatrix`) under several
-/// warp counts and problems per block, every transpose, padded leading dimensions, and the
-/// square sizes 16..=128.
+/// Both tensor-core fragment loaders (16/32-bit shared loads and `ldmatrix`), the flat
+/// staging of A and B and the prefetch of C, under several warp counts and problems per
+/// block, every transpose, padded leading dimensions, and the square sizes 16..=128.
 #[test]
 fn f16_mma_loaders_match() {
     let Some(gpu) = gpu("f16_mma_loaders") else {
@@ -454,19 +454,27 @@ fn f16_mma_loaders_match() {
                 .unwrap(),
         );
     }
+    // (ldmatrix, staging, C prefetch): both loaders as before, then the flat staging of A
+    // and B and the C prefetch, alone and together.
+    let variants = [
+        (false, Staging::Padded, false),
+        (true, Staging::Padded, false),
+        (true, Staging::Flat, false),
+        (true, Staging::Padded, true),
+        (true, Staging::Flat, true),
+        (false, Staging::Flat, true),
+    ];
     for (i, spec) in all.iter().enumerate() {
         let p = spec.col_major();
-        for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
-            for ldmatrix in [false, true] {
+        for (warps, tba) in [(1, 1), (2, 3), (8, 1), (16, 1)] {
+            for (ldmatrix, stage, prefetch_c) in variants {
+                if warps == 16 && !ldmatrix {
+                    continue;
+                }
                 let s = GpuSchedule {
-                    rm: 1,
-                    rn: 1,
-                    tba,
-                    mma: Some(smallgemm_ir::MmaShape::M16N8K16),
-                    warps,
-                    accumulate: Accumulate::F32,
-                    stage: Staging::Padded,
-                    ldmatrix,
+                    stage,
+                    prefetch_c,
+                    ..GpuSchedule::mma(warps, tba, ldmatrix)
                 };
                 if s.validate(&p, gpu.target()).is_err() {
                     continue;

@@ -532,18 +532,7 @@ impl Report {
             r.n.to_string()
         };
         let gf = |t: f64| r.flops / t / 1e9;
-        let sched = match r.schedule.mma {
-            Some(_) => format!(
-                "mma w{} tba{}{}",
-                r.schedule.warps,
-                r.schedule.tba,
-                if r.schedule.ldmatrix { " ldm" } else { "" }
-            ),
-            None => format!(
-                "r{}x{} tba{} {:?}",
-                r.schedule.rm, r.schedule.rn, r.schedule.tba, r.schedule.stage
-            ),
-        };
+        let sched = r.schedule.label();
         format!(
             "{:<5} {:>5} {:>9} {:>10.1} {:>11.1}% {:>12} {:>13} {:>8}  {}",
             r.dtype.name(),

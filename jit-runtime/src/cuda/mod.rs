@@ -693,6 +693,19 @@ impl BucketedBatch {
     }
 }
 
+/// The spec of the bucket of `spec`'s variable-size batch whose problems have m and n up
+/// to `m` and `n` ([`Gpu::bucket_variable`] rounds them up to multiples of 8): its kernel,
+/// and its tuning database key, are those of this spec with `BatchKind::VariableSize`.
+pub fn bucket_spec(spec: &GemmSpec, m: usize, n: usize) -> Result<GemmSpec, CudaError> {
+    Ok(GemmSpec::builder(spec.dtype(), m, n, spec.k())
+        .layout(spec.layout())
+        .trans_a(spec.trans_a())
+        .trans_b(spec.trans_b())
+        .alpha(spec.alpha())
+        .beta(spec.beta())
+        .build()?)
+}
+
 impl Gpu {
     /// Splits a variable-size batch, given on the host as pointer arrays and six u32 per
     /// problem (`m, n, k, lda, ldb, ldc`, as for [`GpuKernel::launch_variable`]; every size
@@ -749,14 +762,8 @@ impl Gpu {
         // Largest buckets first: the small ones fill the tails of the large ones' grids.
         let mut groups: Vec<_> = groups.into_iter().collect();
         groups.sort_by_key(|((m, n, _), members)| std::cmp::Reverse(m * n * members.len()));
-        for ((m, n, k), members) in groups {
-            let sub = GemmSpec::builder(spec.dtype(), m, n, k)
-                .layout(spec.layout())
-                .trans_a(spec.trans_a())
-                .trans_b(spec.trans_b())
-                .alpha(spec.alpha())
-                .beta(spec.beta())
-                .build()?;
+        for ((m, n, _), members) in groups {
+            let sub = bucket_spec(spec, m, n)?;
             let kernel = self.kernel(&sub, BatchKind::VariableSize)?;
             let pick = |v: &[u64]| members.iter().map(|&i| v[i]).collect::<Vec<u64>>();
             let d: Vec<u32> = members
