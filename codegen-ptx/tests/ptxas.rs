@@ -113,37 +113,43 @@ fn ptxas_accepts_every_kernel() {
     let ptxas = ptxas::find().expect(
         "ptxas not found: set SMALLGEMM_PTXAS or `pip install nvidia-cuda-nvcc` (scripts/test.sh does)",
     );
-    for sm in [Sm::Sm80, Sm::Sm90] {
-        let target = GpuTarget::new(sm);
-        let kernels = kernels(&target);
-        let refs: Vec<&PtxKernel> = kernels.iter().collect();
-        // One module per chunk keeps ptxas runs few and failures readable.
-        for chunk in refs.chunks(64) {
-            let module = combine(sm, chunk);
-            if let Err(e) = ptxas::assemble(&ptxas, &module, sm) {
-                let first: Vec<&str> = e.lines().take(20).collect();
-                let line = first
-                    .iter()
-                    .find_map(|l| l.split("line ").nth(1))
-                    .and_then(|t| t.split(';').next())
-                    .and_then(|t| t.trim().parse::<usize>().ok());
-                let context = line
-                    .map(|l| {
-                        module
-                            .lines()
-                            .skip(l.saturating_sub(3))
-                            .take(5)
-                            .collect::<Vec<_>>()
-                            .join("\n")
-                    })
-                    .unwrap_or_default();
-                panic!(
-                    "ptxas rejected {sm} module:\n{}\n---\n{context}",
-                    first.join("\n")
-                );
-            }
+    // The two architectures on two threads: ptxas takes minutes on one core.
+    std::thread::scope(|scope| {
+        for sm in [Sm::Sm80, Sm::Sm90] {
+            let ptxas = &ptxas;
+            scope.spawn(move || {
+                let target = GpuTarget::new(sm);
+                let kernels = kernels(&target);
+                let refs: Vec<&PtxKernel> = kernels.iter().collect();
+                // One module per chunk keeps ptxas runs few and failures readable.
+                for chunk in refs.chunks(64) {
+                    let module = combine(sm, chunk);
+                    if let Err(e) = ptxas::assemble(ptxas, &module, sm) {
+                        let first: Vec<&str> = e.lines().take(20).collect();
+                        let line = first
+                            .iter()
+                            .find_map(|l| l.split("line ").nth(1))
+                            .and_then(|t| t.split(';').next())
+                            .and_then(|t| t.trim().parse::<usize>().ok());
+                        let context = line
+                            .map(|l| {
+                                module
+                                    .lines()
+                                    .skip(l.saturating_sub(3))
+                                    .take(5)
+                                    .collect::<Vec<_>>()
+                                    .join("\n")
+                            })
+                            .unwrap_or_default();
+                        panic!(
+                            "ptxas rejected {sm} module:\n{}\n---\n{context}",
+                            first.join("\n")
+                        );
+                    }
+                }
+            });
         }
-    }
+    });
 }
 
 #[test]
