@@ -95,6 +95,24 @@ impl Asm {
         p
     }
 
+    /// `base + offset < limit` for each offset, as predicates; None for every offset (true)
+    /// where the caller knows they are all in bounds (`needed` false).
+    fn offsets_below(
+        &mut self,
+        base: &str,
+        offsets: [u32; 2],
+        limit: usize,
+        needed: bool,
+    ) -> [Option<String>; 2] {
+        offsets.map(|d| {
+            needed.then(|| {
+                let r = self.reg(Kind::B32);
+                self.op(format!("add.u32 {r}, {base}, {d}"));
+                self.lt(&r, &limit.to_string())
+            })
+        })
+    }
+
     /// `a && b` over optional predicates (None = true).
     fn and(&mut self, a: Option<String>, b: Option<String>) -> Option<String> {
         match (a, b) {
@@ -1570,22 +1588,8 @@ fn mma_warp(
         asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
         let cbase = asm.reg(Kind::B64);
         asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
-        let mut rp = Vec::new();
-        for dr in [0, 8] {
-            rp.push((p.m % 16 != 0).then(|| {
-                let r = asm.reg(Kind::B32);
-                asm.op(format!("add.u32 {r}, {row}, {dr}"));
-                asm.lt(&r, &p.m.to_string())
-            }));
-        }
-        let mut cp = Vec::new();
-        for dc in [0, 1] {
-            cp.push((p.n % 8 != 0).then(|| {
-                let r = asm.reg(Kind::B32);
-                asm.op(format!("add.u32 {r}, {col}, {dc}"));
-                asm.lt(&r, &p.n.to_string())
-            }));
-        }
+        let rp = asm.offsets_below(&row, [0, 8], p.m, p.m % 16 != 0);
+        let cp = asm.offsets_below(&col, [0, 1], p.n, p.n % 8 != 0);
         let mut slots = Vec::new();
         for i in 0..4 {
             let (dr, dc) = (8 * (i / 2), i % 2);
