@@ -1837,28 +1837,38 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         Trans::N => (p.m, 1, p.m),
         Trans::T => (p.k, p.k, 1),
     };
+    // An operand of `len` elements per problem, tight and packed, is read flat when its
+    // threads' first elements (`flat(i)` of thread i of a problem) conflict in shared memory
+    // no more than in the padded slot (`padded(i)`).
+    let flat_ok = |tight: bool,
+                   len: usize,
+                   flat: &dyn Fn(usize) -> usize,
+                   padded: &dyn Fn(usize) -> usize| {
+        usable
+            && tight
+            && bank_degree(threads, elt, |t| ((t / tpp) * len + flat(t % tpp)) * elt)
+                <= allowed(bank_degree(threads, elt, |t| {
+                    ((t / tpp) * slot_all + padded(t % tpp)) * elt
+                }))
+    };
     let a_len = p.m * p.k;
-    let a_ok = usable
-        && p.lda == a_lead
-        && p.stride_a == a_len
-        && bank_degree(threads, elt, |t| {
-            ((t / tpp) * a_len + (t % tpp % tm) * a_row) * elt
-        }) <= allowed(bank_degree(threads, elt, |t| {
-            ((t / tpp) * slot_all + (t % tpp % tm) * layout.a_row) * elt
-        }));
+    let a_ok = flat_ok(
+        p.lda == a_lead && p.stride_a == a_len,
+        a_len,
+        &|i| (i % tm) * a_row,
+        &|i| (i % tm) * layout.a_row,
+    );
     let (b_lead, b_row, b_col) = match p.trans_b {
         Trans::N => (p.k, 1, p.k),
         Trans::T => (p.n, p.n, 1),
     };
     let b_len = p.k * p.n;
-    let b_ok = usable
-        && p.ldb == b_lead
-        && p.stride_b == b_len
-        && bank_degree(threads, elt, |t| {
-            ((t / tpp) * b_len + (t % tpp / tm) * b_col) * elt
-        }) <= allowed(bank_degree(threads, elt, |t| {
-            ((t / tpp) * slot_all + layout.a_len + (t % tpp / tm) * layout.b_col) * elt
-        }));
+    let b_ok = flat_ok(
+        p.ldb == b_lead && p.stride_b == b_len,
+        b_len,
+        &|i| (i / tm) * b_col,
+        &|i| layout.a_len + (i / tm) * layout.b_col,
+    );
     let c_len = p.m * p.n;
     let c_ok = usable && s.stage == Staging::FlatC && p.ldc == p.m && p.stride_c == c_len;
     let slot = if a_ok { 0 } else { layout.a_len } + if b_ok { 0 } else { layout.b_len };
