@@ -252,18 +252,17 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
     space.sort_by(|a, b| {
         estimated_cycles(&problem, target, a).total_cmp(&estimated_cycles(&problem, target, b))
     });
-    space.retain(|s| *s != planned);
-    // A k-loop variant can equal a schedule already in the space: time each once.
-    let mut distinct: Vec<Schedule> = Vec::with_capacity(space.len());
+    // The planner's first; each schedule once (a k-loop variant can equal another one).
+    let mut distinct = vec![planned];
     for s in space {
+        if distinct.len() == limit.max(1) {
+            break;
+        }
         if !distinct.contains(&s) {
             distinct.push(s);
         }
     }
-    let mut space = distinct;
-    space.truncate(limit.saturating_sub(1));
-    space.insert(0, planned);
-    space
+    distinct
 }
 
 /// Times every candidate of a shape: (schedule, median GFLOP/s), the planner's first.

@@ -132,7 +132,6 @@ pub fn lower(
         lanes,
         tail_masks: schedule
             .tail_pieces(problem.m % lanes)
-            .into_iter()
             .enumerate()
             .map(|(i, n)| (Mask(i as u8), n as u32))
             .collect(),

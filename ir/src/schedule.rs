@@ -174,31 +174,20 @@ impl Schedule {
 
     /// Lanes of the vectors that hold the last `tail` (< lanes) rows of a row block: one
     /// masked vector, or with `split_tail` one vector per power of two, largest first.
-    pub fn tail_pieces(&self, tail: usize) -> Vec<usize> {
-        if tail == 0 {
-            Vec::new()
-        } else if self.split_tail {
-            (0..usize::BITS)
-                .rev()
-                .map(|b| 1 << b)
-                .filter(|bit| tail & bit != 0)
-                .collect()
-        } else {
-            vec![tail]
-        }
+    pub fn tail_pieces(&self, tail: usize) -> impl Iterator<Item = usize> {
+        let split = self.split_tail;
+        let whole = (tail != 0 && !split).then_some(tail);
+        // The bits of `tail`, highest first (a handful: tail < lanes).
+        let bits = (0..usize::BITS - tail.leading_zeros())
+            .rev()
+            .map(|b| 1usize << b)
+            .filter(move |&bit| split && tail & bit != 0);
+        whole.into_iter().chain(bits)
     }
 
     /// Vector registers that hold `rows` rows of a register block.
     pub fn block_vectors(&self, rows: usize, lanes: usize) -> usize {
-        // The count of `tail_pieces`, without building them: the planner asks this
-        // hundreds of times per plan.
-        let tail = rows % lanes;
-        let tail_vectors = if self.split_tail {
-            tail.count_ones() as usize
-        } else {
-            (tail != 0) as usize
-        };
-        rows / lanes + tail_vectors
+        rows / lanes + self.tail_pieces(rows % lanes).count()
     }
 
     /// The most vectors any row block of `problem` has.

@@ -237,6 +237,7 @@ fn shipped_schedules() {
         let Some(jit) = jit(isa) else { continue };
         for (i, (shape, schedule)) in shapes.iter().enumerate() {
             let (dtype, m, n, k) = parse_shape(shape);
+            let checked_before = checked;
             for (j, trans) in TRANS.into_iter().enumerate() {
                 let (alpha, beta) = (ALPHAS[(i + j) % 3], BETAS[(i + 2 * j) % 3]);
                 let spec = padded_spec(
@@ -263,6 +264,8 @@ fn shipped_schedules() {
                 }
                 checked += 1;
             }
+            // A shipped schedule that fits none of its shape's specs would never be used.
+            assert!(checked > checked_before, "{machine}: {shape} fits no spec");
         }
     }
     eprintln!("{checked} shipped schedules checked");
