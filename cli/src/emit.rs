@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, ValueEnum};
-use smallgemm::{generate_with_abi, Abi, GemmSpec, Isa, Scalar, Target};
+use smallgemm::{generate_with_abi, Abi, GemmSpec, Isa, Scalar, Schedule, Target};
 use smallgemm_object::{c_header, c_prototype, write_object, Function, ObjectTarget};
 
 use crate::{DtypeArg, ShapeArgs};
@@ -45,6 +45,10 @@ pub struct KernelArgs {
     /// Function name in the object file (default: a name that encodes the spec).
     #[arg(long)]
     name: Option<String>,
+    /// A CPU schedule as JSON (the tuning database's form, e.g. `{"m_vectors":2,
+    /// "n_cols":12}`; fields left out take their defaults) instead of the planner's.
+    #[arg(long)]
+    schedule: Option<String>,
 }
 
 /// A line of a `--list` file.
@@ -91,6 +95,13 @@ fn scalar(name: &str, text: &str) -> Result<Scalar, String> {
 }
 
 impl KernelArgs {
+    fn schedule(&self) -> Result<Option<Schedule>, String> {
+        self.schedule
+            .as_deref()
+            .map(|json| serde_json::from_str(json).map_err(|e| format!("--schedule {json:?}: {e}")))
+            .transpose()
+    }
+
     fn spec(&self) -> Result<GemmSpec, String> {
         let shape = self
             .shape
@@ -146,7 +157,8 @@ pub fn emit(args: &EmitArgs) -> Result<ExitCode, String> {
     let mut emitted = Vec::new();
     for kernel in &kernels {
         let spec = kernel.spec()?;
-        let generated = generate_with_abi(&spec, Target::new(args.isa), None, abi)
+        let schedule = kernel.schedule()?;
+        let generated = generate_with_abi(&spec, Target::new(args.isa), schedule.as_ref(), abi)
             .map_err(|e| format!("{}: {e}", spec.name()))?;
         let name = kernel.name.clone().unwrap_or_else(|| spec.name());
         emitted.push(Emitted {

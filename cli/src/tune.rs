@@ -157,6 +157,16 @@ pub fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
 }
 
 fn describe(s: &Schedule) -> String {
+    if s.lane_pack {
+        let width = match s.vector_bytes {
+            0 => "widest".to_string(),
+            b => format!("{}-bit", 8 * b),
+        };
+        return format!(
+            "lane-packed, {width} vectors, {} a trip",
+            s.batch_unroll.max(1)
+        );
+    }
     format!(
         "{}x{} block, k {}{}{}",
         s.m_vectors,
@@ -190,9 +200,10 @@ fn parse_sizes(text: &str) -> Result<Vec<usize>, String> {
     Ok(sizes)
 }
 
-/// The candidate schedules of a shape, the planner's first: every block the register file
-/// takes, pruned to those the cost model puts near the best, then unrolled as the planner
-/// would, plus k-loop variants for longer k.
+/// The candidate schedules of a shape, the planner's first: the lane-packed ones where
+/// they apply (each width, one to four vector groups a trip), then every block the register
+/// file takes, pruned to those the cost model puts near the best block, then unrolled as
+/// the planner would, plus k-loop variants for longer k.
 fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
     let problem = spec.col_major();
     let planned = smallgemm_ir::plan(&problem, target);
@@ -219,6 +230,7 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
                     width
                 };
                 s.split_tail = split_tail;
+                s.lane_pack = false;
                 s.m_vectors = m_vectors;
                 s.n_cols = n_cols;
                 s.k_unroll = 0;
@@ -252,9 +264,24 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
     space.sort_by(|a, b| {
         estimated_cycles(&problem, target, a).total_cmp(&estimated_cycles(&problem, target, b))
     });
+    let packed = smallgemm_ir::lane_pack::plan(&problem, target).map(|(_, s)| s);
+    let packed = target.vector_widths().iter().flat_map(|&width| {
+        [0, 2, 4].map(|batch_unroll| Schedule {
+            vector_bytes: if width == target.vector_bytes() {
+                0
+            } else {
+                width
+            },
+            batch_unroll,
+            ..packed.unwrap_or(planned)
+        })
+    });
+    let packed: Vec<Schedule> = packed
+        .filter(|s| s.lane_pack && s.validate(&problem, target).is_ok())
+        .collect();
     // The planner's first; each schedule once (a k-loop variant can equal another one).
     let mut distinct = vec![planned];
-    for s in space {
+    for s in packed.into_iter().chain(space) {
         if distinct.len() == limit.max(1) {
             break;
         }

@@ -417,6 +417,10 @@ impl<'a> Emitter<'a> {
                     }
                 }
             }
+            // Lane-packed kernels are x86-only (`lane_pack::geometry` refuses NEON).
+            Op::BroadcastGroup { .. } | Op::Permute { .. } => {
+                return Err(EmitError::Unsupported("lane-packed kernels"));
+            }
             Op::Broadcast { dst, addr } => {
                 let t = self.v(dst)?;
                 let at = self.address(addr)?;

@@ -125,6 +125,41 @@ fn full_forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
     })
 }
 
+/// The lane-packed kernels' forms for `bytes`-byte vectors: the permute within groups of
+/// four lanes, and the load that repeats four elements across the vector (None where the
+/// width has none: the lowering loads a four-lane vector plainly).
+fn lane_forms(isa: Isa, dtype: Dtype, bytes: usize) -> (Option<VForm>, Option<VForm>) {
+    use enc::*;
+    let evex = isa == Isa::Avx512;
+    let permute = match (dtype, evex) {
+        (Dtype::F32, true) => Some(EVEX_VPERMILPS_ZMM_IMM8.with_width(bytes)),
+        (Dtype::F32, false) => Some(VEX_VPERMILPS_YMM_IMM8.with_width(bytes)),
+        // vpermpd has no 128-bit form.
+        (Dtype::F64, _) if bytes == 16 => None,
+        (Dtype::F64, true) => Some(EVEX_VPERMPD_ZMM_IMM8.with_width(bytes)),
+        (Dtype::F64, false) => Some(VEX_VPERMPD_YMM_IMM8.with_width(bytes)),
+        (Dtype::F16, _) => None,
+    };
+    let group = match (dtype, bytes, evex) {
+        (Dtype::F32, 32, false) => Some(VEX_VBROADCASTF128_YMM_M128),
+        (Dtype::F32, 32 | 64, true) => Some(EVEX_VBROADCASTF32X4_ZMM_M128.with_width(bytes)),
+        (Dtype::F64, 64, true) => Some(EVEX_VBROADCASTF64X4_ZMM_M256),
+        _ => None,
+    };
+    (permute, group)
+}
+
+/// The immediate of `vpermilps` / `vpermpd` for a selection within groups of four lanes.
+fn permute_imm(select: [u8; 4]) -> Result<u8, EmitError> {
+    if select.iter().any(|&t| t >= 4) {
+        return Err(EmitError::Encoder(format!("lane selection {select:?}")));
+    }
+    Ok(select
+        .iter()
+        .enumerate()
+        .fold(0, |imm, (i, &t)| imm | t << (2 * i)))
+}
+
 /// Scalar moves have shorter VEX forms while the register is below 16.
 fn vex_scalar(dtype: Dtype, load: bool) -> VForm {
     match (dtype, load) {
@@ -386,6 +421,27 @@ impl<'a> Emitter<'a> {
             Op::Broadcast { dst, addr } => {
                 let (r, m) = (self.v(dst)?, self.mem(addr)?);
                 self.vec(broadcast, r, 0, m);
+            }
+            Op::BroadcastGroup { dst, addr } => {
+                let bytes = self.program.lanes * dtype.size();
+                let form = lane_forms(self.isa, dtype, bytes)
+                    .1
+                    .ok_or(EmitError::Unsupported(
+                        "this width of group broadcast",
+                        self.isa,
+                    ))?;
+                let (r, m) = (self.v(dst)?, self.mem(addr)?);
+                self.vec(form, r, 0, m);
+            }
+            Op::Permute { dst, src, select } => {
+                let bytes = self.program.lanes * dtype.size();
+                let form = lane_forms(self.isa, dtype, bytes)
+                    .0
+                    .ok_or(EmitError::Unsupported("this width of permute", self.isa))?;
+                let (dst, src) = (self.v(dst)?, self.v(src)?);
+                let imm = permute_imm(select)?;
+                self.asm
+                    .vec_imm8(form, dst, 0, Rm::Reg(src), Evex::default(), imm);
             }
             Op::LoadScalar { dst, addr } => {
                 let (r, m) = (self.v(dst)?, self.mem(addr)?);

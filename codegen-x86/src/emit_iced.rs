@@ -505,6 +505,29 @@ impl<'a> Emitter<'a> {
                 let i = Instruction::with2(broadcast, self.v(dst)?, self.mem(addr, false)?)?;
                 self.add(i)?;
             }
+            Op::BroadcastGroup { dst, addr } => {
+                let bytes = self.program.lanes * dtype.size();
+                let code = lane_codes(self.isa, dtype, bytes)
+                    .1
+                    .ok_or(EmitError::Unsupported(
+                        "this width of group broadcast",
+                        self.isa,
+                    ))?;
+                let i = Instruction::with2(code, self.v(dst)?, self.mem(addr, false)?)?;
+                self.add(i)?;
+            }
+            Op::Permute { dst, src, select } => {
+                let bytes = self.program.lanes * dtype.size();
+                let code = lane_codes(self.isa, dtype, bytes)
+                    .0
+                    .ok_or(EmitError::Unsupported("this width of permute", self.isa))?;
+                let imm = select
+                    .iter()
+                    .enumerate()
+                    .fold(0u32, |imm, (i, &t)| imm | (t as u32) << (2 * i));
+                let i = Instruction::with3(code, self.v(dst)?, self.v(src)?, imm)?;
+                self.add(i)?;
+            }
             Op::LoadScalar { dst, addr } => {
                 self.v(dst)?;
                 let code = if dst.0 < 16 {
@@ -696,6 +719,31 @@ impl<'a> Emitter<'a> {
         }
         Ok(())
     }
+}
+
+/// The lane-packed kernels' permute and group broadcast for `bytes`-byte vectors.
+fn lane_codes(isa: Isa, dtype: Dtype, bytes: usize) -> (Option<Code>, Option<Code>) {
+    use Code::*;
+    let evex = isa == Isa::Avx512;
+    let permute = match (dtype, bytes, evex) {
+        (Dtype::F32, 16, false) => Some(VEX_Vpermilps_xmm_xmmm128_imm8),
+        (Dtype::F32, 32, false) => Some(VEX_Vpermilps_ymm_ymmm256_imm8),
+        (Dtype::F32, 16, true) => Some(EVEX_Vpermilps_xmm_k1z_xmmm128b32_imm8),
+        (Dtype::F32, 32, true) => Some(EVEX_Vpermilps_ymm_k1z_ymmm256b32_imm8),
+        (Dtype::F32, 64, true) => Some(EVEX_Vpermilps_zmm_k1z_zmmm512b32_imm8),
+        (Dtype::F64, 32, false) => Some(VEX_Vpermpd_ymm_ymmm256_imm8),
+        (Dtype::F64, 32, true) => Some(EVEX_Vpermpd_ymm_k1z_ymmm256b64_imm8),
+        (Dtype::F64, 64, true) => Some(EVEX_Vpermpd_zmm_k1z_zmmm512b64_imm8),
+        _ => None,
+    };
+    let group = match (dtype, bytes, evex) {
+        (Dtype::F32, 32, false) => Some(VEX_Vbroadcastf128_ymm_m128),
+        (Dtype::F32, 32, true) => Some(EVEX_Vbroadcastf32x4_ymm_k1z_m128),
+        (Dtype::F32, 64, true) => Some(EVEX_Vbroadcastf32x4_zmm_k1z_m128),
+        (Dtype::F64, 64, true) => Some(EVEX_Vbroadcastf64x4_zmm_k1z_m256),
+        _ => None,
+    };
+    (permute, group)
 }
 
 /// The 32-bit view of a 64-bit general register (writing it zero-extends).

@@ -147,6 +147,11 @@ pub(crate) const VEX_VMOVDQU_M128_XMM: VForm = vex(1, 2, false, 0, 0x7F);
 pub(crate) const VEX_VMOVDDUP_XMM_M64: VForm = vex(1, 3, false, 0, 0x12);
 pub(crate) const VEX_VBROADCASTSS_XMM_M32: VForm = vex(2, 1, false, 0, 0x18);
 pub(crate) const VEX_KMOVW_K_R32: VForm = vex(1, 0, false, 0, 0x92);
+/// In-lane permutes with an immediate (lane-packed kernels): map 0F3A.
+pub(crate) const VEX_VPERMILPS_YMM_IMM8: VForm = vex(3, 1, false, 1, 0x04);
+pub(crate) const VEX_VPERMPD_YMM_IMM8: VForm = vex(3, 1, true, 1, 0x01);
+/// A 128-bit group repeated across the vector (0F38).
+pub(crate) const VEX_VBROADCASTF128_YMM_M128: VForm = vex(2, 1, false, 1, 0x1A);
 
 pub(crate) const EVEX_VMOVUPD_ZMM_M512: VForm = evex(1, 1, true, 2, 0x10, 64);
 pub(crate) const EVEX_VMOVUPD_M512_ZMM: VForm = evex(1, 1, true, 2, 0x11, 64);
@@ -173,6 +178,10 @@ pub(crate) const EVEX_VBROADCASTSD_YMM_M64: VForm = evex(2, 1, true, 1, 0x19, 8)
 pub(crate) const EVEX_VBROADCASTSS_XMM_M32: VForm = evex(2, 1, false, 0, 0x18, 4);
 pub(crate) const EVEX_VBROADCASTSS_YMM_M32: VForm = evex(2, 1, false, 1, 0x18, 4);
 pub(crate) const EVEX_VPXORD_XMM: VForm = evex(1, 1, false, 0, 0xEF, 16);
+pub(crate) const EVEX_VPERMILPS_ZMM_IMM8: VForm = evex(3, 1, false, 2, 0x04, 64);
+pub(crate) const EVEX_VPERMPD_ZMM_IMM8: VForm = evex(3, 1, true, 2, 0x01, 64);
+pub(crate) const EVEX_VBROADCASTF32X4_ZMM_M128: VForm = evex(2, 1, false, 2, 0x1A, 16);
+pub(crate) const EVEX_VBROADCASTF64X4_ZMM_M256: VForm = evex(2, 1, true, 2, 0x1B, 32);
 
 /// The EVEX operand extras: opmask, zeroing, embedded broadcast.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -486,6 +495,12 @@ impl Assembler {
         }
         let n = i.n;
         self.len += n;
+    }
+
+    /// A vector instruction followed by an 8-bit immediate.
+    pub(crate) fn vec_imm8(&mut self, f: VForm, reg: u8, vvvv: u8, rm: Rm, e: Evex, imm: u8) {
+        self.vec(f, reg, vvvv, rm, e);
+        self.put(&[imm]);
     }
 
     /// A VEX instruction with a RIP-relative memory operand at `label`.

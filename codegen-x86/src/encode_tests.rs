@@ -134,6 +134,8 @@ enum Shape {
     StoreVvvv,
     /// `op reg, reg, reg`.
     Rrr,
+    /// `op reg, reg, imm8` (in-lane permutes).
+    RrImm,
 }
 
 /// The encoder's form, iced's code, operand shape, register class.
@@ -739,6 +741,79 @@ fn table() -> Vec<Row> {
             Load,
             ymm,
         ),
+        // Lane-packed kernels: in-lane permutes and group broadcasts, at every width used.
+        (
+            enc::VEX_VPERMILPS_YMM_IMM8,
+            Code::VEX_Vpermilps_ymm_ymmm256_imm8,
+            RrImm,
+            ymm,
+        ),
+        (
+            enc::VEX_VPERMILPS_YMM_IMM8.with_width(16),
+            Code::VEX_Vpermilps_xmm_xmmm128_imm8,
+            RrImm,
+            xmm,
+        ),
+        (
+            enc::VEX_VPERMPD_YMM_IMM8,
+            Code::VEX_Vpermpd_ymm_ymmm256_imm8,
+            RrImm,
+            ymm,
+        ),
+        (
+            enc::EVEX_VPERMILPS_ZMM_IMM8,
+            Code::EVEX_Vpermilps_zmm_k1z_zmmm512b32_imm8,
+            RrImm,
+            zmm,
+        ),
+        (
+            enc::EVEX_VPERMILPS_ZMM_IMM8.with_width(32),
+            Code::EVEX_Vpermilps_ymm_k1z_ymmm256b32_imm8,
+            RrImm,
+            ymm,
+        ),
+        (
+            enc::EVEX_VPERMILPS_ZMM_IMM8.with_width(16),
+            Code::EVEX_Vpermilps_xmm_k1z_xmmm128b32_imm8,
+            RrImm,
+            xmm,
+        ),
+        (
+            enc::EVEX_VPERMPD_ZMM_IMM8,
+            Code::EVEX_Vpermpd_zmm_k1z_zmmm512b64_imm8,
+            RrImm,
+            zmm,
+        ),
+        (
+            enc::EVEX_VPERMPD_ZMM_IMM8.with_width(32),
+            Code::EVEX_Vpermpd_ymm_k1z_ymmm256b64_imm8,
+            RrImm,
+            ymm,
+        ),
+        (
+            enc::VEX_VBROADCASTF128_YMM_M128,
+            Code::VEX_Vbroadcastf128_ymm_m128,
+            Load,
+            ymm,
+        ),
+        (
+            enc::EVEX_VBROADCASTF32X4_ZMM_M128,
+            Code::EVEX_Vbroadcastf32x4_zmm_k1z_m128,
+            Load,
+            zmm,
+        ),
+        (
+            enc::EVEX_VBROADCASTF32X4_ZMM_M128.with_width(32),
+            Code::EVEX_Vbroadcastf32x4_ymm_k1z_m128,
+            Load,
+            ymm,
+        ),
+        (
+            enc::EVEX_VBROADCASTF64X4_ZMM_M256,
+            Code::EVEX_Vbroadcastf64x4_zmm_k1z_m256,
+            Load,
+            zmm,
+        ),
     ]
 }
 
@@ -817,6 +892,22 @@ fn vector_forms_match_iced() {
                                 got,
                             );
                             count += 1;
+                        }
+                    }
+                    Shape::RrImm => {
+                        for a in 0..regs {
+                            for imm in [0x00u8, 0x44, 0xa0, 0xee, 0xf5, 0xff] {
+                                let i = Instruction::with3(code, class(r), class(a), imm as u32)
+                                    .unwrap();
+                                let got =
+                                    ours(|asm| asm.vec_imm8(form, r, 0, Rm::Reg(a), extras, imm));
+                                check(
+                                    &|| format!("{code:?} {r} {a} {imm:#x} k{mask}"),
+                                    finish(i),
+                                    got,
+                                );
+                                count += 1;
+                            }
                         }
                     }
                     Shape::Rrr => {
@@ -1103,6 +1194,13 @@ fn specs() -> Vec<GemmSpecBuilder> {
             b(dtype, 64, 3, 200).alpha(Scalar::Runtime),
             b(dtype, 1, 33, 2),
             b(dtype, 31, 1, 1),
+            // Lane-packed kernels with every kind of scalar.
+            b(dtype, 2, 2, 2)
+                .alpha(Scalar::Runtime)
+                .beta(Scalar::Runtime),
+            b(dtype, 4, 4, 4)
+                .alpha(Scalar::MinusOne)
+                .beta(Scalar::fixed(0.5).unwrap()),
             b(dtype, 12, 12, 12).pointer_arrays(),
             b(dtype, 5, 7, 3)
                 .pointer_arrays()

@@ -205,6 +205,27 @@ impl<T: Element> Machine<'_, T> {
                 let x = self.read(op, *addr, 0)?;
                 self.set(op, *dst, [x; MAX_LANES])?;
             }
+            Op::BroadcastGroup { dst, addr } => {
+                let mut v = [T::default(); MAX_LANES];
+                for (i, lane) in v.iter_mut().enumerate().take(lanes) {
+                    *lane = self.read(op, *addr, i % 4)?;
+                }
+                self.set(op, *dst, v)?;
+            }
+            Op::Permute { dst, src, select } => {
+                if lanes % 4 != 0 || select.iter().any(|&t| t >= 4) {
+                    return Err(InterpError::Undefined {
+                        op: format!("{op:?}"),
+                        what: format!("groups of four lanes in a {lanes}-lane vector"),
+                    });
+                }
+                let x = self.get(op, *src)?;
+                let mut v = [T::default(); MAX_LANES];
+                for (i, lane) in v.iter_mut().enumerate().take(lanes) {
+                    *lane = x[i / 4 * 4 + select[i % 4] as usize];
+                }
+                self.set(op, *dst, v)?;
+            }
             Op::LoadScalar { dst, addr } => {
                 let mut v = [T::default(); MAX_LANES];
                 v[0] = self.read(op, *addr, 0)?;

@@ -15,6 +15,7 @@
 mod element;
 pub mod gpu;
 mod interp;
+pub mod lane_pack;
 mod lower;
 mod plan;
 mod prefetch;

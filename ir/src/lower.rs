@@ -144,6 +144,9 @@ pub fn lower(
         vregs_used: schedule.registers(problem, target).total(),
     };
     let mut program = l.program()?;
+    if schedule.lane_pack {
+        return crate::lane_pack::lower(problem, target, schedule);
+    }
     if schedule.prefetch && problem.batch_form == BatchForm::Strided {
         crate::prefetch::insert(&mut program.ops);
     }
@@ -165,24 +168,7 @@ impl Lowering<'_> {
             masks.push(MaskDecl { mask, lanes, vreg });
             setup.push(Op::SetMask { mask, lanes });
         }
-        let mut params = Vec::new();
-        for (scalar, param, slot) in [
-            (p.alpha, Param::Alpha, ALPHA_SLOT),
-            (p.beta, Param::Beta, BETA_SLOT),
-        ] {
-            let addr = Addr::new(Gpr::SCRATCH, slot);
-            match scalar {
-                Scalar::Runtime => {
-                    params.push(param);
-                    setup.push(Op::StoreParam { param, addr });
-                }
-                Scalar::Fixed(bits) => setup.push(Op::StoreConst {
-                    value: f64::from_bits(bits),
-                    addr,
-                }),
-                _ => {}
-            }
-        }
+        let params = spill_scalars(p, &mut setup);
         let packs = p.trans_a == Trans::T && p.alpha != Scalar::Zero;
         let spills = p.alpha.is_general() || p.beta.is_general();
         let scratch_bytes = if packs {
@@ -291,6 +277,8 @@ impl Lowering<'_> {
                         | Op::Load { .. }
                         | Op::Store { .. }
                         | Op::Broadcast { .. }
+                        | Op::BroadcastGroup { .. }
+                        | Op::Permute { .. }
                         | Op::Fma { .. }
                         | Op::FmaBroadcast { .. }
                         | Op::FmaLane { .. }
@@ -823,17 +811,12 @@ impl Lowering<'_> {
             next += 1;
             self.temp(next - 1)
         };
-        let alpha_v = alpha.is_general().then(&mut take);
-        let beta_v = beta.is_general().then(&mut take);
+        let scalars = EpilogueScalars {
+            alpha: alpha.is_general().then(&mut take),
+            beta: beta.is_general().then(&mut take),
+        };
         let old = (beta != Scalar::Zero).then(&mut take);
-        for (v, slot) in [(alpha_v, ALPHA_SLOT), (beta_v, BETA_SLOT)] {
-            if let Some(dst) = v {
-                out.push(Op::Broadcast {
-                    dst,
-                    addr: Addr::new(Gpr::SCRATCH, slot),
-                });
-            }
-        }
+        scalars.load(out);
         let col_bytes = (self.p.ldc as i64) * self.elt;
         let offsets: Vec<i64> = (0..rb.vectors).map(|v| self.vector_offset(rb, v)).collect();
         let at = |v: usize, j: usize| addr(c.plus(offsets[v] + j as i64 * col_bytes));
@@ -861,72 +844,143 @@ impl Lowering<'_> {
         }
         for j in 0..cols {
             for v in 0..rb.vectors {
-                let r = self.acc(v, j);
-                let at = at(v, j)?;
-                let mask = self.mask_for(rb, v);
-                let result = match old_at(v, j) {
-                    None => {
-                        if let Some(av) = alpha_v {
-                            out.push(Op::Mul {
-                                dst: r,
-                                a: r,
-                                b: av,
-                            });
-                        }
-                        r
-                    }
-                    Some(t) => {
-                        if !loads_first {
-                            out.push(Op::Load {
-                                dst: t,
-                                addr: at,
-                                mask,
-                            });
-                        }
-                        if let Some(bv) = beta_v {
-                            out.push(Op::Mul {
-                                dst: t,
-                                a: t,
-                                b: bv,
-                            });
-                        }
-                        match (beta, alpha_v) {
-                            (Scalar::MinusOne, av) => {
-                                if let Some(av) = av {
-                                    out.push(Op::Mul {
-                                        dst: r,
-                                        a: r,
-                                        b: av,
-                                    });
-                                }
-                                out.push(Op::Sub { dst: r, a: r, b: t });
-                                r
-                            }
-                            (_, Some(av)) => {
-                                out.push(Op::Fma {
-                                    acc: t,
-                                    a: r,
-                                    b: av,
-                                    negate: false,
-                                });
-                                t
-                            }
-                            (_, None) => {
-                                out.push(Op::Add { dst: r, a: r, b: t });
-                                r
-                            }
-                        }
-                    }
-                };
-                out.push(Op::Store {
-                    addr: at,
-                    src: result,
-                    mask,
-                });
+                let old = old_at(v, j).map(|t| (t, loads_first));
+                let (at, mask) = (at(v, j)?, self.mask_for(rb, v));
+                finish_vector(out, beta, self.acc(v, j), at, mask, old, scalars);
             }
         }
         Ok(())
     }
+}
+
+/// Alpha and beta in vector registers, where they are general values (spilled to scratch
+/// memory by [`spill_scalars`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EpilogueScalars {
+    pub alpha: Option<VReg>,
+    pub beta: Option<VReg>,
+}
+
+impl EpilogueScalars {
+    /// Broadcasts the general scalars from scratch memory into their registers.
+    pub(crate) fn load(self, out: &mut Vec<Op>) {
+        for (v, slot) in [(self.alpha, ALPHA_SLOT), (self.beta, BETA_SLOT)] {
+            if let Some(dst) = v {
+                out.push(Op::Broadcast {
+                    dst,
+                    addr: Addr::new(Gpr::SCRATCH, slot),
+                });
+            }
+        }
+    }
+}
+
+/// Stores the general scalars (run-time arguments, or constants other than 0 and ±1) in
+/// scratch memory, for [`EpilogueScalars::load`]; returns the run-time ones, in argument
+/// order.
+pub(crate) fn spill_scalars(p: &ColMajorProblem, setup: &mut Vec<Op>) -> Vec<Param> {
+    let mut params = Vec::new();
+    for (scalar, param, slot) in [
+        (p.alpha, Param::Alpha, ALPHA_SLOT),
+        (p.beta, Param::Beta, BETA_SLOT),
+    ] {
+        let addr = Addr::new(Gpr::SCRATCH, slot);
+        match scalar {
+            Scalar::Runtime => {
+                params.push(param);
+                setup.push(Op::StoreParam { param, addr });
+            }
+            Scalar::Fixed(bits) => setup.push(Op::StoreConst {
+                value: f64::from_bits(bits),
+                addr,
+            }),
+            _ => {}
+        }
+    }
+    params
+}
+
+/// Bytes of scratch memory a kernel without a packed A panel needs for its scalars.
+pub(crate) fn scalar_scratch_bytes(p: &ColMajorProblem) -> u32 {
+    if p.alpha.is_general() || p.beta.is_general() {
+        PANEL_OFFSET as u32
+    } else {
+        0
+    }
+}
+
+/// C = alpha * r + beta * C for one vector of C at `at`, then the store. `old` is the
+/// register for C's old value when beta != 0, and whether it was loaded already. With
+/// alpha = -1 the FMAs were negated, so r already holds alpha * A * B.
+pub(crate) fn finish_vector(
+    out: &mut Vec<Op>,
+    beta: Scalar,
+    r: VReg,
+    at: Addr,
+    mask: Option<Mask>,
+    old: Option<(VReg, bool)>,
+    scalars: EpilogueScalars,
+) {
+    let (alpha_v, beta_v) = (scalars.alpha, scalars.beta);
+    let result = match old {
+        None => {
+            if let Some(av) = alpha_v {
+                out.push(Op::Mul {
+                    dst: r,
+                    a: r,
+                    b: av,
+                });
+            }
+            r
+        }
+        Some((t, loaded)) => {
+            if !loaded {
+                out.push(Op::Load {
+                    dst: t,
+                    addr: at,
+                    mask,
+                });
+            }
+            if let Some(bv) = beta_v {
+                out.push(Op::Mul {
+                    dst: t,
+                    a: t,
+                    b: bv,
+                });
+            }
+            match (beta, alpha_v) {
+                (Scalar::MinusOne, av) => {
+                    if let Some(av) = av {
+                        out.push(Op::Mul {
+                            dst: r,
+                            a: r,
+                            b: av,
+                        });
+                    }
+                    out.push(Op::Sub { dst: r, a: r, b: t });
+                    r
+                }
+                (_, Some(av)) => {
+                    out.push(Op::Fma {
+                        acc: t,
+                        a: r,
+                        b: av,
+                        negate: false,
+                    });
+                    t
+                }
+                (_, None) => {
+                    out.push(Op::Add { dst: r, a: r, b: t });
+                    r
+                }
+            }
+        }
+    };
+    out.push(Op::Store {
+        addr: at,
+        src: result,
+        mask,
+    });
 }
 
 /// `op` with every vector register `shift` higher.
@@ -945,6 +999,12 @@ fn shift_vregs(op: Op, shift: u8) -> Op {
             mask,
         },
         Op::Broadcast { dst, addr } => Op::Broadcast { dst: s(dst), addr },
+        Op::BroadcastGroup { dst, addr } => Op::BroadcastGroup { dst: s(dst), addr },
+        Op::Permute { dst, src, select } => Op::Permute {
+            dst: s(dst),
+            src: s(src),
+            select,
+        },
         Op::LoadScalar { dst, addr } => Op::LoadScalar { dst: s(dst), addr },
         Op::StoreScalar { addr, src } => Op::StoreScalar { addr, src: s(src) },
         Op::Fma { acc, a, b, negate } => Op::Fma {
@@ -991,7 +1051,7 @@ fn shift_vregs(op: Op, shift: u8) -> Op {
     }
 }
 
-fn imm(bytes: i64) -> Result<i32, LowerError> {
+pub(crate) fn imm(bytes: i64) -> Result<i32, LowerError> {
     i32::try_from(bytes).map_err(|_| LowerError::OffsetOverflow(bytes))
 }
 

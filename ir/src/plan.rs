@@ -19,6 +19,16 @@ const FMA_LATENCY: f64 = 4.0;
 /// Picks the vector width and register blocking with the lowest estimated cycles per
 /// matrix, then unrolls as much as [`UNROLL_BUDGET`] allows.
 pub fn plan(problem: &ColMajorProblem, target: Target) -> Schedule {
+    let (block_cost, blocked) = plan_blocks(problem, target);
+    match crate::lane_pack::plan(problem, target) {
+        Some((cost, packed)) if cost < block_cost => packed,
+        _ => blocked,
+    }
+}
+
+/// The register-blocked schedule [`plan`] weighs against lane packing, and its estimated
+/// cycles per matrix.
+fn plan_blocks(problem: &ColMajorProblem, target: Target) -> (f64, Schedule) {
     // Narrowest first, and a wider vector only when strictly cheaper: where the cost model
     // cannot tell them apart (m fits the narrow vector as well), the narrow one has fewer
     // masked lanes, or none. The widest is searched first all the same, so that a narrower
@@ -43,11 +53,11 @@ pub fn plan(problem: &ColMajorProblem, target: Target) -> Schedule {
             }
         }
     }
-    let (_, mut s) = best.expect("a 1x1 register block always fits");
+    let (cost, mut s) = best.expect("a 1x1 register block always fits");
     choose_unrolling(problem, target, &mut s);
     s.batch_unroll = batch_unroll(problem, target, &s);
     s.interleave = interleave(problem, &s);
-    s
+    (cost, s)
 }
 
 /// The cheapest register block (and its estimated cycles) with vectors of `width` bytes;
@@ -83,6 +93,7 @@ fn best_block(problem: &ColMajorProblem, target: Target, width: usize) -> Option
                     split_tail,
                     interleave: false,
                     prefetch: false,
+                    lane_pack: false,
                     vector_bytes,
                 };
                 if s.validate(problem, target).is_err() {
@@ -204,6 +215,11 @@ fn pieces(total: usize, block: usize) -> [(usize, usize); 2] {
 /// load throughput (full vectors and broadcasts, see [`Target::mixed_loads_per_cycle`]) or
 /// by the FMA latency chain, plus reading and writing its C once.
 pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f64 {
+    if s.lane_pack {
+        return crate::lane_pack::geometry(problem, target, s).map_or(f64::INFINITY, |g| {
+            crate::lane_pack::estimated_cycles(problem, target, g)
+        });
+    }
     let lanes = s.lanes(target, problem.dtype);
     let c_reads = (problem.beta != Scalar::Zero) as usize as f64;
     let b_operand = BOperand::of(problem, target, s.m_vectors);
@@ -244,6 +260,10 @@ const MASKED_STORE_STALL: f64 = 12.0;
 
 /// Estimated operations in the lowered program text.
 pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) -> usize {
+    if s.lane_pack {
+        return crate::lane_pack::geometry(problem, target, s)
+            .map_or(0, |g| crate::lane_pack::estimated_ops(g, s.batch_unroll));
+    }
     let lanes = s.lanes(target, problem.dtype);
     let k = problem.k;
     let steps = if s.k_unroll == 0 || k / s.k_unroll < 2 {
@@ -316,7 +336,11 @@ mod tests {
                     choose_unrolling(&problem, target, &mut expected);
                     expected.batch_unroll = batch_unroll(&problem, target, &expected);
                     expected.interleave = interleave(&problem, &expected);
-                    assert_eq!(plan(&problem, target), expected, "{isa:?} {spec:?}");
+                    assert_eq!(
+                        plan_blocks(&problem, target).1,
+                        expected,
+                        "{isa:?} {spec:?}"
+                    );
                 }
             }
         }

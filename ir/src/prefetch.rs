@@ -97,6 +97,7 @@ fn memory_operand(op: &Op) -> Option<Addr> {
         Op::Load { addr, .. }
         | Op::Store { addr, .. }
         | Op::Broadcast { addr, .. }
+        | Op::BroadcastGroup { addr, .. }
         | Op::LoadScalar { addr, .. }
         | Op::StoreScalar { addr, .. }
         | Op::FmaBroadcast { b: addr, .. } => Some(*addr),
@@ -107,6 +108,7 @@ fn memory_operand(op: &Op) -> Option<Addr> {
         | Op::Prefetch { .. }
         | Op::Zero { .. }
         | Op::Fma { .. }
+        | Op::Permute { .. }
         | Op::FmaLane { .. }
         | Op::Add { .. }
         | Op::Sub { .. }

@@ -90,6 +90,16 @@ pub enum Op {
     },
     /// Every lane of dst = the scalar at addr.
     Broadcast { dst: VReg, addr: Addr },
+    /// Every group of four lanes of dst = the four consecutive scalars at addr (a vector of
+    /// four lanes is a plain load). Lane-packed kernels (`Schedule::lane_pack`).
+    BroadcastGroup { dst: VReg, addr: Addr },
+    /// Within every group of four lanes, lane t of dst = lane `select[t]` of the same group
+    /// of src (an in-register permute; lane-packed kernels).
+    Permute {
+        dst: VReg,
+        src: VReg,
+        select: [u8; 4],
+    },
     /// Lane 0 of dst = the scalar at addr (the other lanes become zero).
     LoadScalar { dst: VReg, addr: Addr },
     /// The scalar at addr = lane 0 of src.
@@ -191,7 +201,7 @@ impl Program {
             for op in ops {
                 match op {
                     Op::Load { .. } | Op::LoadScalar { .. } => c.loads += times,
-                    Op::Broadcast { .. } => c.broadcasts += times,
+                    Op::Broadcast { .. } | Op::BroadcastGroup { .. } => c.broadcasts += times,
                     Op::Store { .. } | Op::StoreScalar { .. } => c.stores += times,
                     Op::Fma { .. } | Op::FmaLane { .. } => c.fmas += times,
                     Op::FmaBroadcast { .. } => {
@@ -286,6 +296,12 @@ impl fmt::Display for Program {
                     }
                     Op::Broadcast { dst, addr } => {
                         writeln!(f, "{pad}v{} = broadcast {addr}", dst.0)?
+                    }
+                    Op::BroadcastGroup { dst, addr } => {
+                        writeln!(f, "{pad}v{} = broadcast.group4 {addr}", dst.0)?
+                    }
+                    Op::Permute { dst, src, select } => {
+                        writeln!(f, "{pad}v{} = permute4 v{} {select:?}", dst.0, src.0)?
                     }
                     Op::LoadScalar { dst, addr } => {
                         writeln!(f, "{pad}v{} = load.scalar {addr}", dst.0)?

@@ -47,6 +47,13 @@ pub struct Schedule {
     /// FMA chains side by side for the out-of-order core.
     #[serde(default)]
     pub interleave: bool,
+    /// Several matrices, or the columns of one, side by side in the lanes of a vector, for
+    /// 2x2x2 and 4x4x4 (see `lane_pack.rs`): groups of four lanes hold a 2x2 C or a column
+    /// of a 4x4 one, A's columns are repeated across groups and B's elements picked by
+    /// in-register permutes. Block fields (m_vectors, n_cols, k_unroll, the unroll flags,
+    /// split_tail, interleave, prefetch) do not apply; `batch_unroll` counts vectors of C.
+    #[serde(default)]
+    pub lane_pack: bool,
 }
 
 /// The most matrices one trip of the batch loop may do.
@@ -65,6 +72,8 @@ pub enum ScheduleError {
     SplitTail(Target),
     #[error("at most {MAX_BATCH_UNROLL} matrices per trip of the batch loop, not {0}")]
     BatchUnroll(usize),
+    #[error("lane packing: {0}")]
+    LanePack(&'static str),
     #[error("{target} has no {bytes}-byte vectors")]
     VectorWidth { bytes: usize, target: Target },
     #[error("the schedule needs {needed} vector registers; {target} has {available}")]
@@ -218,6 +227,9 @@ impl Schedule {
 
     /// Checks the hard constraints (the register file) for `problem` on `target`.
     pub fn validate(&self, problem: &ColMajorProblem, target: Target) -> Result<(), ScheduleError> {
+        if self.lane_pack {
+            return crate::lane_pack::geometry(problem, target, self).map(drop);
+        }
         if self.m_vectors == 0 || self.n_cols == 0 {
             return Err(ScheduleError::EmptyBlock);
         }

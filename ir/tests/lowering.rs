@@ -127,6 +127,7 @@ fn looped_schedules_compute_the_reference() {
                     prefetch: false,
                     split_tail: true,
                     interleave: false,
+                    lane_pack: false,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -139,6 +140,7 @@ fn looped_schedules_compute_the_reference() {
                     prefetch: true,
                     split_tail: false,
                     interleave: true,
+                    lane_pack: false,
                 },
                 Schedule {
                     m_vectors: 1,
@@ -151,6 +153,7 @@ fn looped_schedules_compute_the_reference() {
                     prefetch: false,
                     split_tail: false,
                     interleave: true,
+                    lane_pack: false,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -163,6 +166,7 @@ fn looped_schedules_compute_the_reference() {
                     prefetch: true,
                     split_tail: false,
                     interleave: false,
+                    lane_pack: false,
                 },
             ] {
                 for spec in specs(Dtype::F64, m, n, k) {

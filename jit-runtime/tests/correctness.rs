@@ -222,6 +222,99 @@ fn prefetching_kernels_avx2() {
     prefetching(Isa::Avx2)
 }
 
+/// Lane-packed kernels (2x2x2 and 4x4x4, `Schedule::lane_pack`): every vector width they
+/// run at, one to three vector groups per trip, batch lengths that leave every remainder,
+/// each scalar kind, row-major specs, and gaps between the matrices (whose sentinels catch
+/// stray writes) wherever one vector holds at most one matrix.
+fn lane_packed(isa: Isa) {
+    let Some(jit) = jit(isa) else { return };
+    let target = jit.target();
+    let scalars = [
+        (Scalar::One, Scalar::Zero),
+        (Scalar::MinusOne, Scalar::One),
+        (Scalar::Runtime, Scalar::Runtime),
+        (Scalar::fixed(0.5).unwrap(), Scalar::MinusOne),
+    ];
+    let (mut seed, mut kernels) = (300_000, 0);
+    for dtype in [Dtype::F64, Dtype::F32] {
+        for side in [2, 4] {
+            for (i, &(alpha, beta)) in scalars.iter().enumerate() {
+                for gap in [0, 3] {
+                    let layout = if i == 1 {
+                        Layout::RowMajor
+                    } else {
+                        Layout::ColMajor
+                    };
+                    let mut builder = GemmSpec::builder(dtype, side, side, side)
+                        .layout(layout)
+                        .alpha(alpha)
+                        .beta(beta);
+                    if gap > 0 {
+                        let size = side * side;
+                        builder = builder
+                            .stride_a(size + gap)
+                            .stride_b(size + gap + 1)
+                            .stride_c(size + gap);
+                    }
+                    let spec = builder.build().unwrap();
+                    let problem = spec.col_major();
+                    let Some((_, packed)) = smallgemm_ir::lane_pack::plan(&problem, target) else {
+                        assert!(gap > 0, "{} is not lane-packed on {target}", spec.name());
+                        continue;
+                    };
+                    for &width in target.vector_widths() {
+                        for batch_unroll in [0, 2, 3] {
+                            let s = Schedule {
+                                vector_bytes: width,
+                                batch_unroll,
+                                ..packed
+                            };
+                            if s.validate(&problem, target).is_err() {
+                                continue;
+                            }
+                            kernels += 1;
+                            for batch in [1, 2, 3, 5, 8, 13, 17] {
+                                seed += 1;
+                                match dtype {
+                                    Dtype::F64 => common::check_spec_with::<f64>(
+                                        &jit,
+                                        &spec,
+                                        Some(&s),
+                                        batch,
+                                        seed,
+                                    ),
+                                    _ => common::check_spec_with::<f32>(
+                                        &jit,
+                                        &spec,
+                                        Some(&s),
+                                        batch,
+                                        seed,
+                                    ),
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // f64 2x2 at 16 bytes and packed batches of several matrices per vector with gaps are
+    // refused; everything else runs.
+    assert!(
+        kernels >= 60,
+        "only {kernels} lane-packed kernels on {target}"
+    );
+}
+
+#[test]
+fn lane_packed_kernels_avx512() {
+    lane_packed(Isa::Avx512)
+}
+#[test]
+fn lane_packed_kernels_avx2() {
+    lane_packed(Isa::Avx2)
+}
+
 /// Every schedule of the shipped tuning database, whatever this CPU's model (the JIT uses
 /// them only on the model they were tuned on), with every transpose, scalar kinds and
 /// padding the schedule's registers allow.
@@ -238,21 +331,30 @@ fn shipped_schedules() {
         for (i, (shape, schedule)) in shapes.iter().enumerate() {
             let (dtype, m, n, k) = parse_shape(shape);
             let checked_before = checked;
-            for (j, trans) in TRANS.into_iter().enumerate() {
+            // The padded specs of every transpose, and the tight one (lane-packed kernels
+            // need contiguous matrices).
+            for j in 0..=TRANS.len() {
                 let (alpha, beta) = (ALPHAS[(i + j) % 3], BETAS[(i + 2 * j) % 3]);
-                let spec = padded_spec(
-                    dtype,
-                    Layout::ColMajor,
-                    (m, n, k),
-                    trans,
-                    alpha,
-                    beta,
-                    j % 3,
-                );
+                let spec = match TRANS.get(j) {
+                    Some(&trans) => padded_spec(
+                        dtype,
+                        Layout::ColMajor,
+                        (m, n, k),
+                        trans,
+                        alpha,
+                        beta,
+                        j % 3,
+                    ),
+                    None => GemmSpec::builder(dtype, m, n, k)
+                        .alpha(alpha)
+                        .beta(beta)
+                        .build()
+                        .unwrap(),
+                };
                 if schedule.validate(&spec.col_major(), jit.target()).is_err() {
                     continue;
                 }
-                let (batch, seed) = (BATCHES[j], 130_000 + (4 * i + j) as u64);
+                let (batch, seed) = (BATCHES[j % BATCHES.len()], 130_000 + (5 * i + j) as u64);
                 match dtype {
                     Dtype::F64 => {
                         common::check_spec_with::<f64>(&jit, &spec, Some(schedule), batch, seed)

@@ -1,0 +1,374 @@
+//! Lane-packed kernels for 2x2x2 and 4x4x4 (`Schedule::lane_pack`): the CPU analogue of
+//! the papers' aggregation of tiny problems, as an in-register interleaving.
+//!
+//! A register-blocked kernel spends a whole vector (mostly empty) per column of a 2x2 C and
+//! a broadcast per element of B; its k steps are a latency chain of 2 or 4 FMAs. Here every
+//! group of four lanes holds a whole 2x2 C (so a 512-bit f32 vector holds four matrices of
+//! the batch) or one column of a 4x4 C, and
+//!
+//! ```text
+//! 2x2: C  = Σk  permute(A, [2k, 2k+1, 2k, 2k+1]) ⊙ permute(B, [k, k, k+2, k+2])
+//! 4x4: C  = Σk  A(:, k) in every group        ⊙ permute(B, [k, k, k, k])
+//! ```
+//!
+//! with the permutes within groups of four lanes (`vpermilps` / `vpermpd` with an immediate)
+//! and A's column repeated across groups by a load (`vbroadcastf32x4` / `vbroadcastf64x4`).
+//! Matrices must be contiguous (leading dimensions = the size); for several matrices per
+//! vector the batch must be packed (strides = 4 elements). A batch whose length is not a
+//! multiple of the matrices per vector ends with one matrix per trip, its four lanes loaded
+//! and stored exactly.
+
+use crate::lower::LowerError;
+use crate::lower::{finish_vector, imm, scalar_scratch_bytes, spill_scalars, EpilogueScalars};
+use crate::program::{Addr, Gpr, Mask, MaskDecl, Op, Program, Trips, VReg};
+use crate::schedule::{Schedule, ScheduleError, MAX_BATCH_UNROLL};
+use crate::spec::{BatchForm, ColMajorProblem, Dtype, Scalar, Trans};
+use crate::target::{Isa, Target};
+
+/// How a lane-packed kernel lays a problem in vectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// m = n = k: 2 or 4.
+    pub side: usize,
+    /// Lanes per vector.
+    pub lanes: usize,
+    /// Matrices per vector of C (2x2: a group of four lanes each; else 1).
+    pub per_vector: usize,
+    /// Vectors per matrix of C (4x4: four columns of four lanes; 1 for 2x2).
+    pub vectors: usize,
+}
+
+impl Geometry {
+    /// Vector registers of one vector group of C: accumulators, B, the repeated A column,
+    /// the permuted B, and for 2x2 the loaded A.
+    fn registers_per_group(&self) -> usize {
+        2 * self.vectors + 2 + (self.side == 2) as usize
+    }
+}
+
+/// Where lane packing does not apply, in the words of the error.
+fn refuse(why: &'static str) -> ScheduleError {
+    ScheduleError::LanePack(why)
+}
+
+/// The layout of `problem` under `schedule` (which must have `lane_pack`) on `target`, or why
+/// lane packing cannot run it.
+pub fn geometry(
+    problem: &ColMajorProblem,
+    target: Target,
+    schedule: &Schedule,
+) -> Result<Geometry, ScheduleError> {
+    let p = problem;
+    if target.isa == Isa::Neon {
+        return Err(refuse("x86 only (in-lane permutes)"));
+    }
+    if !matches!(p.dtype, Dtype::F32 | Dtype::F64) {
+        return Err(refuse("f32 and f64 only"));
+    }
+    let side = p.m;
+    if !(side == 2 || side == 4) || p.n != side || p.k != side {
+        return Err(refuse("2x2x2 and 4x4x4 only"));
+    }
+    if p.trans_a != Trans::N || p.trans_b != Trans::N {
+        return Err(refuse("no transposes"));
+    }
+    if p.lda != side || p.ldb != side || p.ldc != side {
+        return Err(refuse(
+            "contiguous matrices only (leading dimensions = the size)",
+        ));
+    }
+    if p.batch_form != BatchForm::Strided {
+        return Err(refuse("strided batches only"));
+    }
+    if p.alpha == Scalar::Zero {
+        return Err(refuse("alpha = 0 reads no A or B"));
+    }
+    if schedule.vector_bytes != 0 && !target.vector_widths().contains(&schedule.vector_bytes) {
+        return Err(ScheduleError::VectorWidth {
+            bytes: schedule.vector_bytes,
+            target,
+        });
+    }
+    let lanes = schedule.lanes(target, p.dtype);
+    if lanes < 4 {
+        return Err(refuse("vectors of at least four lanes"));
+    }
+    let elements = side * side;
+    let (per_vector, vectors) = if side == 2 {
+        (lanes / 4, 1)
+    } else {
+        (1, elements / lanes.min(elements))
+    };
+    if per_vector > 1 && [p.stride_a, p.stride_b, p.stride_c] != [elements; 3] {
+        return Err(refuse(
+            "several matrices per vector need a packed batch (strides = 4)",
+        ));
+    }
+    if schedule.batch_unroll > MAX_BATCH_UNROLL {
+        return Err(ScheduleError::BatchUnroll(schedule.batch_unroll));
+    }
+    let g = Geometry {
+        side,
+        lanes,
+        per_vector,
+        vectors,
+    };
+    let scalars = p.alpha.is_general() as usize + p.beta.is_general() as usize;
+    let needed = schedule.batch_unroll.max(1) * g.registers_per_group() + scalars;
+    let available = target.vector_registers();
+    if needed > available {
+        return Err(ScheduleError::TooManyRegisters {
+            needed,
+            available,
+            target,
+        });
+    }
+    Ok(g)
+}
+
+/// Estimated cycles per matrix of a lane-packed schedule: the permutes on the one shuffle
+/// port, the FMAs (sharing that port's FMA unit with the permutes at 512 bits), the loads.
+pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, g: Geometry) -> f64 {
+    let c_reads = (problem.beta != Scalar::Zero) as usize as f64;
+    let vectors = g.vectors as f64;
+    let (permutes, fmas, loads) = if g.side == 2 {
+        (4.0, 2.0 + c_reads, 2.0 + c_reads)
+    } else {
+        let a_loads = 4.0;
+        (
+            4.0 * vectors,
+            5.0 * vectors,
+            a_loads + vectors * (1.0 + c_reads),
+        )
+    };
+    let wide = g.lanes * problem.dtype.size() == 64;
+    let ports = if wide { (fmas + permutes) / 2.0 } else { 0.0 };
+    let cycles = permutes
+        .max(fmas / target.fma_per_cycle())
+        .max(loads / target.mixed_loads_per_cycle())
+        .max(ports);
+    cycles / g.per_vector as f64
+}
+
+/// Operations of the lowered program: the unrolled trip and the one-matrix loop.
+pub fn estimated_ops(g: Geometry, batch_unroll: usize) -> usize {
+    let group = if g.side == 2 { 11 } else { g.vectors * 12 + 4 };
+    (batch_unroll.max(1) + 1) * group
+}
+
+/// The lane-packed schedule for `problem` on `target`, widest vectors first, with its
+/// estimated cycles per matrix; None where lane packing does not apply.
+pub fn plan(problem: &ColMajorProblem, target: Target) -> Option<(f64, Schedule)> {
+    target.vector_widths().iter().rev().find_map(|&width| {
+        let s = Schedule {
+            m_vectors: 1,
+            n_cols: 1,
+            k_unroll: 0,
+            unroll_m_blocks: true,
+            unroll_n_blocks: true,
+            vector_bytes: if width == target.vector_bytes() {
+                0
+            } else {
+                width
+            },
+            batch_unroll: 0,
+            prefetch: false,
+            split_tail: false,
+            interleave: false,
+            lane_pack: true,
+        };
+        let g = geometry(problem, target, &s).ok()?;
+        Some((estimated_cycles(problem, target, g), s))
+    })
+}
+
+/// The registers of one vector group of C.
+struct GroupRegs {
+    acc: Vec<VReg>,
+    /// B's vectors; the old C after the FMAs.
+    b: Vec<VReg>,
+    a_loaded: VReg,
+    a_group: VReg,
+    b_picked: VReg,
+}
+
+/// Lowers a lane-packed schedule (see the module's text).
+pub(crate) fn lower(
+    problem: &ColMajorProblem,
+    target: Target,
+    schedule: &Schedule,
+) -> Result<Program, LowerError> {
+    let p = problem;
+    let g = geometry(p, target, schedule)?;
+    let mut next = 0u8;
+    let mut take = || {
+        next += 1;
+        VReg(next - 1)
+    };
+    let scalars = EpilogueScalars {
+        alpha: p.alpha.is_general().then(&mut take),
+        beta: p.beta.is_general().then(&mut take),
+    };
+    let unroll = schedule.batch_unroll.max(1);
+    let groups: Vec<GroupRegs> = (0..unroll)
+        .map(|_| {
+            let acc = (0..g.vectors).map(|_| take()).collect();
+            let b = (0..g.vectors).map(|_| take()).collect();
+            let (a_group, b_picked) = (take(), take());
+            let a_loaded = if g.side == 2 { take() } else { a_group };
+            GroupRegs {
+                acc,
+                b,
+                a_loaded,
+                a_group,
+                b_picked,
+            }
+        })
+        .collect();
+
+    let elt = p.dtype.size() as i64;
+    let strides = [p.stride_a, p.stride_b, p.stride_c].map(|s| s as i64 * elt);
+    let mut ops = Vec::new();
+    let params = spill_scalars(p, &mut ops);
+    scalars.load(&mut ops);
+    let mut masks = Vec::new();
+    let advance = |out: &mut Vec<Op>, matrices: usize| -> Result<(), LowerError> {
+        for (reg, stride) in [Gpr::A, Gpr::B, Gpr::C].into_iter().zip(strides) {
+            if stride != 0 {
+                out.push(Op::AddImm {
+                    dst: reg,
+                    imm: imm(stride * matrices as i64)?,
+                });
+            }
+        }
+        Ok(())
+    };
+
+    let per_trip = unroll * g.per_vector;
+    if per_trip >= 2 {
+        let mut body = Vec::new();
+        for (i, regs) in groups.iter().enumerate() {
+            let first = (i * g.per_vector) as i64;
+            let offsets = strides.map(|s| s * first);
+            group(&mut body, p, g, regs, offsets, None, scalars)?;
+        }
+        advance(&mut body, per_trip)?;
+        ops.push(Op::Loop {
+            counter: Gpr::BATCH,
+            trips: Trips::RegisterBy(per_trip as u32),
+            body,
+        });
+    }
+    // The rest, one matrix a trip: its four lanes alone where a vector holds several.
+    let mask = (g.per_vector > 1).then_some(Mask(0));
+    if let Some(mask) = mask {
+        masks.push(MaskDecl {
+            mask,
+            lanes: 4,
+            vreg: None,
+        });
+        ops.insert(0, Op::SetMask { mask, lanes: 4 });
+    }
+    let mut body = Vec::new();
+    group(&mut body, p, g, &groups[0], [0; 3], mask, scalars)?;
+    advance(&mut body, 1)?;
+    ops.push(Op::Loop {
+        counter: Gpr::BATCH,
+        trips: Trips::Register,
+        body,
+    });
+    Ok(Program {
+        dtype: p.dtype,
+        lanes: g.lanes,
+        params,
+        scratch_bytes: scalar_scratch_bytes(p),
+        vregs: next as usize,
+        gprs: Gpr::FIRST_FREE as usize,
+        masks,
+        ops,
+    })
+}
+
+/// One vector group of C: the matrices (2x2) or the matrix (4x4) whose A, B and C start
+/// `offsets` bytes past the argument registers.
+fn group(
+    out: &mut Vec<Op>,
+    p: &ColMajorProblem,
+    g: Geometry,
+    regs: &GroupRegs,
+    offsets: [i64; 3],
+    mask: Option<Mask>,
+    scalars: EpilogueScalars,
+) -> Result<(), LowerError> {
+    let elt = p.dtype.size() as i64;
+    let at =
+        |reg: Gpr, offset: i64| -> Result<Addr, LowerError> { Ok(Addr::new(reg, imm(offset)?)) };
+    let [a_off, b_off, c_off] = offsets;
+    let vector_bytes = g.lanes as i64 * elt;
+    let negate = p.alpha == Scalar::MinusOne;
+    for (v, &b) in regs.b.iter().enumerate() {
+        out.push(Op::Load {
+            dst: b,
+            addr: at(Gpr::B, b_off + v as i64 * vector_bytes)?,
+            mask,
+        });
+    }
+    if g.side == 2 {
+        out.push(Op::Load {
+            dst: regs.a_loaded,
+            addr: at(Gpr::A, a_off)?,
+            mask,
+        });
+    }
+    for &acc in &regs.acc {
+        out.push(Op::Zero { dst: acc });
+    }
+    for k in 0..g.side as u8 {
+        if g.side == 2 {
+            out.push(Op::Permute {
+                dst: regs.a_group,
+                src: regs.a_loaded,
+                select: [2 * k, 2 * k + 1, 2 * k, 2 * k + 1],
+            });
+        } else {
+            let addr = at(Gpr::A, a_off + 4 * k as i64 * elt)?;
+            out.push(if g.lanes == 4 {
+                Op::Load {
+                    dst: regs.a_group,
+                    addr,
+                    mask: None,
+                }
+            } else {
+                Op::BroadcastGroup {
+                    dst: regs.a_group,
+                    addr,
+                }
+            });
+        }
+        let select = if g.side == 2 {
+            [k, k, k + 2, k + 2]
+        } else {
+            [k; 4]
+        };
+        for (&acc, &b) in regs.acc.iter().zip(&regs.b) {
+            out.push(Op::Permute {
+                dst: regs.b_picked,
+                src: b,
+                select,
+            });
+            out.push(Op::Fma {
+                acc,
+                a: regs.a_group,
+                b: regs.b_picked,
+                negate,
+            });
+        }
+    }
+    let reads_c = p.beta != Scalar::Zero;
+    for (v, (&acc, &old)) in regs.acc.iter().zip(&regs.b).enumerate() {
+        let c = at(Gpr::C, c_off + v as i64 * vector_bytes)?;
+        let old = reads_c.then_some((old, false));
+        finish_vector(out, p.beta, acc, c, mask, old, scalars);
+    }
+    Ok(())
+}
