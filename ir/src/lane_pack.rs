@@ -13,7 +13,8 @@
 //!
 //! with the permutes within groups of four lanes (`vpermilps` / `vpermpd` with an immediate)
 //! and A's column repeated across groups by a load (`vbroadcastf32x4` / `vbroadcastf64x4`).
-//! Matrices must be contiguous (leading dimensions = the size); for several matrices per
+//! 2x2 operands may be transposed (other selections); 4x4 ones may not (a row crosses
+//! groups). Matrices must be contiguous (leading dimensions = the size); for several matrices per
 //! vector the batch must be packed (strides = 4 elements). A batch whose length is not a
 //! multiple of the matrices per vector ends with one matrix per trip, its four lanes loaded
 //! and stored exactly.
@@ -69,8 +70,9 @@ pub fn geometry(
     if !(side == 2 || side == 4) || p.n != side || p.k != side {
         return Err(refuse("2x2x2 and 4x4x4 only"));
     }
-    if p.trans_a != Trans::N || p.trans_b != Trans::N {
-        return Err(refuse("no transposes"));
+    if side == 4 && (p.trans_a != Trans::N || p.trans_b != Trans::N) {
+        // A transposed 4x4 operand's rows would cross groups.
+        return Err(refuse("no transposes at 4x4x4"));
     }
     if p.lda != side || p.ldb != side || p.ldc != side {
         return Err(refuse(
@@ -325,10 +327,15 @@ fn group(
     }
     for k in 0..g.side as u8 {
         if g.side == 2 {
+            // Column k of op(A): elements 2k, 2k+1 of A, or k, k+2 of A transposed.
+            let select = match p.trans_a {
+                Trans::N => [2 * k, 2 * k + 1, 2 * k, 2 * k + 1],
+                Trans::T => [k, k + 2, k, k + 2],
+            };
             out.push(Op::Permute {
                 dst: regs.a_group,
                 src: regs.a_loaded,
-                select: [2 * k, 2 * k + 1, 2 * k, 2 * k + 1],
+                select,
             });
         } else {
             let addr = at(Gpr::A, a_off + 4 * k as i64 * elt)?;
@@ -345,10 +352,12 @@ fn group(
                 }
             });
         }
-        let select = if g.side == 2 {
-            [k, k, k + 2, k + 2]
-        } else {
-            [k; 4]
+        // op(B)[k, c] for the columns c of each group: element k + 2c of B, or 2k + c of B
+        // transposed.
+        let select = match (g.side, p.trans_b) {
+            (2, Trans::N) => [k, k, k + 2, k + 2],
+            (2, Trans::T) => [2 * k, 2 * k, 2 * k + 1, 2 * k + 1],
+            _ => [k; 4],
         };
         for (&acc, &b) in regs.acc.iter().zip(&regs.b) {
             out.push(Op::Permute {

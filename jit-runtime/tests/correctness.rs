@@ -245,8 +245,12 @@ fn lane_packed(isa: Isa) {
                     } else {
                         Layout::ColMajor
                     };
+                    // Transposes, which 2x2 kernels take, one pair per scalar kind.
+                    let (ta, tb) = TRANS[(i + gap) % TRANS.len()];
                     let mut builder = GemmSpec::builder(dtype, side, side, side)
                         .layout(layout)
+                        .trans_a(ta)
+                        .trans_b(tb)
                         .alpha(alpha)
                         .beta(beta);
                     if gap > 0 {
@@ -259,7 +263,12 @@ fn lane_packed(isa: Isa) {
                     let spec = builder.build().unwrap();
                     let problem = spec.col_major();
                     let Some((_, packed)) = smallgemm_ir::lane_pack::plan(&problem, target) else {
-                        assert!(gap > 0, "{} is not lane-packed on {target}", spec.name());
+                        let transposed = problem.trans_a == Trans::T || problem.trans_b == Trans::T;
+                        assert!(
+                            gap > 0 || (side == 4 && transposed),
+                            "{} is not lane-packed on {target}",
+                            spec.name()
+                        );
                         continue;
                     };
                     for &width in target.vector_widths() {
