@@ -98,6 +98,8 @@ pub struct Kernel {
     /// compiled on the first such call; None where it does not pay (or failed to compile:
     /// the kernel's own code then runs, correct and a little slower).
     streaming: OnceLock<Option<ExecutableCode>>,
+    /// The schedule of `streaming`.
+    streaming_schedule: Schedule,
     /// The fewest matrices a call needs to run `streaming` (usize::MAX: never).
     streaming_batch: usize,
     compile_time: Duration,
@@ -132,13 +134,25 @@ fn streaming_batch(spec: &GemmSpec, target: Target, schedule: &Schedule) -> usiz
 impl Kernel {
     /// Compiles `spec` for `target`. The caller guarantees this CPU runs `target`
     /// (`Jit` checks it once).
+    /// With `stream_blocks` the variant for batches that stream from memory may block
+    /// differently ([`smallgemm_ir::plan_streaming`]); without, it is this schedule with
+    /// prefetches (a schedule the caller chose keeps its blocking).
     pub(crate) fn compile(
         spec: &GemmSpec,
         target: Target,
         schedule: Option<&Schedule>,
+        stream_blocks: bool,
     ) -> Result<Kernel, Error> {
         let start = Instant::now();
         let generated = generate(spec, target, schedule)?;
+        let streaming_schedule = if stream_blocks {
+            smallgemm_ir::plan_streaming(&spec.col_major(), target, &generated.schedule)
+        } else {
+            Schedule {
+                prefetch: true,
+                ..generated.schedule
+            }
+        };
         let exec = map_named(&generated.code, || {
             format!("{}_{}", target.isa, spec.name())
         })?;
@@ -150,6 +164,7 @@ impl Kernel {
             code: generated.code,
             exec,
             streaming: OnceLock::new(),
+            streaming_schedule,
             streaming_batch: streaming_batch(spec, target, &generated.schedule),
             compile_time: start.elapsed(),
         })
@@ -168,10 +183,7 @@ impl Kernel {
     fn entry(&self, batch: usize) -> *const u8 {
         if self.streams(batch) {
             let variant = self.streaming.get_or_init(|| {
-                let schedule = Schedule {
-                    prefetch: true,
-                    ..self.schedule
-                };
+                let schedule = self.streaming_schedule;
                 let generated = generate(&self.spec, self.target, Some(&schedule)).ok()?;
                 map_named(&generated.code, || {
                     format!("{}_{}_prefetch", self.target.isa, self.spec.name())
@@ -526,7 +538,7 @@ mod tests {
                     .beta(Scalar::Runtime)
                     .build()
                     .unwrap();
-                let kernel = Kernel::compile(&spec, target, None).unwrap();
+                let kernel = Kernel::compile(&spec, target, None, true).unwrap();
                 let a = vec![1.0; spec.required_len(smallgemm_ir::Operand::A, 2)];
                 let b = vec![1.0; spec.required_len(smallgemm_ir::Operand::B, 2)];
                 let mut c = vec![1.0; spec.required_len(smallgemm_ir::Operand::C, 2)];

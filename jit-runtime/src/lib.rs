@@ -166,9 +166,9 @@ impl Jit {
         let target = self.target;
         self.cache.get_or_compile((*spec, target, None), || {
             let tuned = self.tuning.lookup(target.isa, spec);
-            match tuned.map(|s| Kernel::compile(spec, target, Some(&s))) {
+            match tuned.map(|s| Kernel::compile(spec, target, Some(&s), true)) {
                 Some(Ok(kernel)) => Ok(kernel),
-                _ => Kernel::compile(spec, target, None),
+                _ => Kernel::compile(spec, target, None, true),
             }
         })
     }
@@ -181,7 +181,7 @@ impl Jit {
     ) -> Result<Arc<Kernel>, Error> {
         self.cache
             .get_or_compile((*spec, self.target, Some(*schedule)), || {
-                Kernel::compile(spec, self.target, Some(schedule))
+                Kernel::compile(spec, self.target, Some(schedule), false)
             })
     }
 

@@ -182,9 +182,9 @@ fn large_shapes() {
     }
 }
 
-/// Kernels that prefetch the next matrices (the variant the runtime runs on batches that
-/// stream from memory) compute the same results: every square size and a fifth of the
-/// rectangular shapes, with all transposes, scalar kinds, padding and gaps.
+/// Kernels that prefetch the next matrices, and the schedules the JIT runs batches that
+/// stream from memory with, compute the same results: every square size and a fifth of
+/// the rectangular shapes, with all transposes, scalar kinds, padding and gaps.
 fn prefetching(isa: Isa) {
     let Some(jit) = jit(isa) else { return };
     let mut seed = 120_000;
@@ -204,10 +204,19 @@ fn prefetching(isa: Isa) {
                 prefetch: true,
                 ..planned
             };
-            match dtype {
-                Dtype::F64 => common::check_spec_with::<f64>(&jit, &spec, Some(&s), batch, seed),
-                Dtype::F32 => common::check_spec_with::<f32>(&jit, &spec, Some(&s), batch, seed),
-                Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
+            // And the streaming variant the JIT runs for batches larger than L2 (blocks as
+            // tall as m where the registers allow).
+            let streaming = smallgemm_ir::plan_streaming(&spec.col_major(), jit.target(), &planned);
+            for s in [s, streaming] {
+                match dtype {
+                    Dtype::F64 => {
+                        common::check_spec_with::<f64>(&jit, &spec, Some(&s), batch, seed)
+                    }
+                    Dtype::F32 => {
+                        common::check_spec_with::<f32>(&jit, &spec, Some(&s), batch, seed)
+                    }
+                    Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
+                }
             }
         }
     }
