@@ -39,9 +39,17 @@ pub enum IsaChoice {
 pub struct TuneArgs {
     #[arg(long, value_enum, default_value = "both")]
     dtype: DtypeChoice,
-    /// Square sizes to tune: a range `a..b` (inclusive) or a list `2,4,8`.
+    /// Square sizes to tune: a range `a..b` (inclusive) or a list `2,4,8`; `none` for only
+    /// the shapes below.
     #[arg(long, default_value = "2..32")]
     sizes: String,
+    /// More shapes as MxNxK, comma-separated (e.g. `16x16x8,64x64x32`).
+    #[arg(long)]
+    shapes: Option<String>,
+    /// Also the papers' small-k shapes (k = 8, 16, 32 with m = n varying), which `smallgemm
+    /// bench` measures.
+    #[arg(long)]
+    small_k: bool,
     #[arg(long, value_enum, default_value = "auto")]
     isa: IsaChoice,
     /// Keep fewer distinct schedules: a shape may take any schedule within this fraction of
@@ -77,7 +85,19 @@ pub fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
     .map_err(|e| e.to_string())?
     .with_threads(1)
     .with_tuning(TuningDb::default());
-    let sizes = parse_sizes(&args.sizes)?;
+    let mut shapes: Vec<(usize, usize, usize)> = match args.sizes.as_str() {
+        "none" => Vec::new(),
+        sizes => parse_sizes(sizes)?.into_iter().map(|n| (n, n, n)).collect(),
+    };
+    if let Some(list) = &args.shapes {
+        shapes.extend(crate::bench::parse_shapes(list)?);
+    }
+    if args.small_k {
+        shapes.extend(smallgemm_bench::suite::small_k_shapes());
+    }
+    if shapes.is_empty() {
+        return Err("no shapes to tune: give --sizes, --shapes or --small-k".into());
+    }
     let dtypes = match args.dtype {
         DtypeChoice::F64 => vec![Dtype::F64],
         DtypeChoice::F32 => vec![Dtype::F32],
@@ -89,9 +109,9 @@ pub fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
     };
     let mut db = TuningDb::load(&path).map_err(|e| e.to_string())?;
 
-    let shapes: Vec<(Dtype, usize)> = dtypes
+    let shapes: Vec<(Dtype, (usize, usize, usize))> = dtypes
         .iter()
-        .flat_map(|&d| sizes.iter().map(move |&n| (d, n)))
+        .flat_map(|&d| shapes.iter().map(move |&shape| (d, shape)))
         .collect();
     let bar = ProgressBar::new(shapes.len() as u64);
     bar.set_style(
@@ -99,9 +119,9 @@ pub fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             .map_err(|e| e.to_string())?,
     );
     let mut results = Vec::new();
-    for &(dtype, n) in &shapes {
-        bar.set_message(format!("{} n = {n}", dtype.name()));
-        let spec = GemmSpec::builder(dtype, n, n, n)
+    for &(dtype, (m, n, k)) in &shapes {
+        bar.set_message(format!("{} {m}x{n}x{k}", dtype.name()));
+        let spec = GemmSpec::builder(dtype, m, n, k)
             .beta(Scalar::One)
             .build()
             .map_err(|e| e.to_string())?;
@@ -116,8 +136,8 @@ pub fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
 
     let chosen = choose(&results, args.tolerance);
     println!(
-        "{:<5} {:>4} {:>10} {:>10} {:>7}  schedule",
-        "dtype", "n", "planner", "tuned", "gain"
+        "{:<5} {:>10} {:>10} {:>10} {:>7}  schedule",
+        "dtype", "shape", "planner", "tuned", "gain"
     );
     for ((spec, timed), schedule) in results.iter().zip(&chosen) {
         let rate = |s: &Schedule| {
@@ -128,9 +148,9 @@ pub fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
         };
         let planned = timed[0].1;
         println!(
-            "{:<5} {:>4} {:>8.2} GF {:>7.2} GF {:>6.2}x  {}",
+            "{:<5} {:>10} {:>8.2} GF {:>7.2} GF {:>6.2}x  {}",
             spec.dtype().name(),
-            spec.m(),
+            format!("{}x{}x{}", spec.m(), spec.n(), spec.k()),
             planned,
             rate(schedule),
             rate(schedule) / planned,

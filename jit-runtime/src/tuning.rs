@@ -48,7 +48,8 @@ pub fn default_path() -> Option<PathBuf> {
 }
 
 /// The tuning database built into the library: `smallgemm tune --dtype both --sizes 2..32
-/// --candidates 32 --reps 31` on the development machine (see `jit-runtime/tuning/`).
+/// --candidates 32 --reps 31`, and the same with `--sizes none --small-k`, on the
+/// development machine (see `jit-runtime/tuning/`).
 pub fn shipped() -> &'static TuningDb {
     static SHIPPED: std::sync::OnceLock<TuningDb> = std::sync::OnceLock::new();
     SHIPPED.get_or_init(|| {
