@@ -490,10 +490,14 @@ struct TuneArgs {
     #[arg(long)]
     ldmatrix_only: bool,
     /// f16 tensor-core candidates: the planned schedule, and those with `ldmatrix` and the C
-    /// prefetch with up to 2 problems per block and (above 24) at least 2 warps: the
-    /// winners' ranges of a full sweep (docs/gpu-notes.md, version 6).
+    /// prefetch (or C through shared memory) with up to 2 problems per block and (above 24)
+    /// at least 2 warps: the winners' ranges of a full sweep (docs/gpu-notes.md, version 6).
     #[arg(long)]
     quick_mma: bool,
+    /// f16 tensor-core candidates: the planned schedule, and those with `ldmatrix` and C
+    /// through shared memory (`FlatC`) with up to 2 problems per block and at least 2 warps.
+    #[arg(long)]
+    flatc_only: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -538,15 +542,16 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
 
 /// Tensor-core candidates: 1, 2, 4, 8 or 16 warps, 1, 2 or 4 problems per block (at most
 /// 16 warps a block), the fragment loaders in `loaders` (`ldmatrix` or not), with and without
-/// the C prefetch, and flat staging of A and B where a side is not a multiple of 8 (the
-/// only sizes where it differs from the padded loader).
+/// the C prefetch, flat staging of A and B where a side is not a multiple of 8 (the only
+/// sizes where it differs from the padded loader), and C through shared memory (`FlatC`,
+/// where the prefetch is moot: tried without).
 pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> Vec<GpuSchedule> {
     let p = spec.col_major();
     let odd = [spec.m(), spec.n(), spec.k()].iter().any(|x| x % 8 != 0);
     let stages: &[Staging] = if odd {
-        &[Staging::Padded, Staging::Flat]
+        &[Staging::Padded, Staging::Flat, Staging::FlatC]
     } else {
-        &[Staging::Padded]
+        &[Staging::Padded, Staging::FlatC]
     };
     let mut out = Vec::new();
     for warps in [1, 2, 4, 8, 16] {
@@ -554,6 +559,9 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
             for &ldmatrix in loaders {
                 for &stage in stages {
                     for prefetch_c in [false, true] {
+                        if stage == Staging::FlatC && prefetch_c {
+                            continue;
+                        }
                         let s = GpuSchedule {
                             stage,
                             prefetch_c,
@@ -650,13 +658,22 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).ok();
             let quick = |s: &GpuSchedule| {
                 Some(*s) == planned
-                    || (s.ldmatrix && s.prefetch_c && s.tba <= 2 && (s.warps >= 2 || n <= 24))
+                    || (s.ldmatrix
+                        && (s.prefetch_c || s.stage == Staging::FlatC)
+                        && s.tba <= 2
+                        && (s.warps >= 2 || n <= 24))
             };
             for s in candidates(&spec, gpu.target())
                 .into_iter()
                 .filter(|s| !args.mma_only || s.mma.is_some())
                 .filter(|s| !args.ldmatrix_only || s.mma.is_none() || s.ldmatrix)
                 .filter(|s| !args.quick_mma || s.mma.is_none() || quick(s))
+                .filter(|s| {
+                    !args.flatc_only
+                        || s.mma.is_none()
+                        || Some(*s) == planned
+                        || (s.ldmatrix && s.stage == Staging::FlatC && s.tba <= 2 && s.warps >= 2)
+                })
             {
                 match probe.time(&gpu, d, n, &s, args.reps) {
                     Ok(row) => {
@@ -673,7 +690,10 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             if let Some((gf, s)) = best {
                 println!("  best {} at {gf:.0} GFLOP/s", s.label());
                 let key = cuda::gpu_tuning_key(gpu.name(), &spec, BatchKind::Strided);
-                db.insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
+                tdb.gpu
+                    .insert(key, serde_json::to_value(s).map_err(|e| e.to_string())?);
+                // Saved after every size: a sweep stopped by a time limit keeps its winners.
+                tdb.save(&path).map_err(|e| e.to_string())?;
             }
         }
     }

@@ -71,6 +71,74 @@ impl Asm {
         let _ = writeln!(self.body, "\t// {text}");
     }
 
+    /// Moves the shared-memory stores emitted since `start` (a length of `body`) later, in
+    /// their order, the other lines keeping theirs: a staging loop emitted as load, store,
+    /// load, store... becomes groups of global loads, each followed by their stores. ptxas
+    /// keeps a store where it is, and a store waits for its load's data, so the interleaved
+    /// order leaves one global load in flight per thread at a time (one DRAM round trip per
+    /// vector); sunk, a group's loads are in flight together. A group holds loads of at most
+    /// `cap` 32-bit words (each word a register live until its store): more registers
+    /// than that cost blocks per SM where a thread stages many vectors.
+    /// Valid for stretches whose stores run on every path through it (the stretch may hold
+    /// forward branches around loads, as `flat_copy`'s partial vectors: stores are only
+    /// placed where no such branch is open) and that read no shared memory.
+    fn sink_shared_stores(&mut self, start: usize, cap: usize) {
+        if cap == 0 {
+            return;
+        }
+        let tail = self.body.split_off(start);
+        debug_assert!(!tail.contains("ld.shared") && !tail.contains("bar.sync"));
+        let op_of = |l: &str| -> String {
+            let op = l.trim_start();
+            match op.strip_prefix('@') {
+                Some(rest) => rest.split_once(' ').map_or("", |(_, o)| o).to_string(),
+                None => op.to_string(),
+            }
+        };
+        let words = |op: &str| -> usize {
+            if op.starts_with("ld.global.v4") {
+                4
+            } else if op.starts_with("ld.global.v2") || op.starts_with("ld.global.b64") {
+                2
+            } else {
+                1
+            }
+        };
+        let mut pending: Vec<&str> = Vec::new();
+        let mut in_flight = 0;
+        let mut open: Vec<String> = Vec::new();
+        for l in tail.split_inclusive('\n') {
+            let op = op_of(l);
+            if op.starts_with("st.shared") {
+                pending.push(l);
+                continue;
+            }
+            if op.starts_with("ld.global") {
+                let w = words(&op);
+                if open.is_empty() && in_flight + w > cap && !pending.is_empty() {
+                    for s in pending.drain(..) {
+                        self.body.push_str(s);
+                    }
+                    in_flight = 0;
+                }
+                in_flight += w;
+            }
+            if let Some(target) = op
+                .strip_prefix("bra ")
+                .or_else(|| op.strip_prefix("bra.uni "))
+            {
+                open.push(target.trim_end().trim_end_matches(';').to_string());
+            }
+            if let Some(label) = l.trim_end().strip_suffix(':') {
+                open.retain(|t| t != label);
+            }
+            self.body.push_str(l);
+        }
+        for s in pending {
+            self.body.push_str(s);
+        }
+    }
+
     fn declarations(&self) -> String {
         let mut out = String::new();
         for (i, (_, ty, prefix)) in KINDS.iter().enumerate() {
@@ -728,12 +796,27 @@ pub(crate) fn kernel(
     let sbase = asm.reg(Kind::B32);
     asm.op(format!("mov.u32 {sbase}, smem"));
     let flat = flat_plan(p, s, kind);
+    // Tensor-core kernels with C through shared memory also stage with their global loads
+    // grouped (`Asm::sink_shared_stores`): without C's prefetched values and global
+    // addresses in registers, the loads' registers fit. 16 words (four 16-byte vectors) a
+    // group: ptxas -v on sm_90 shows about the registers of the interleaved order at every
+    // warp count for 48..128, and the H100 bench measured it best against 32 words and
+    // unbounded groups (docs/gpu-notes.md, version 7). With the C prefetch the grouping
+    // raised registers past the occupancy steps (80: 77 -> 126) and lost at most sizes
+    // from 65; for variable-size batches it measured within noise. Other kernels keep each
+    // store right after its load (cap 0: nothing moves).
+    let sink = if s.mma.is_some() && s.stage == Staging::FlatC {
+        16
+    } else {
+        0
+    };
     // Flat operands: the whole block copies the spans of its problems (all threads, also
     // those of groups past the batch end; `end` stops at the batch end).
     let mut flat_shift = [None, None, None];
     let mut cflat_region = None;
     if flat.a.is_some() || flat.b.is_some() || flat.c.is_some() {
         asm.comment("flat staging: the block's spans of packed operands");
+        let staging = asm.body.len();
         let pi0 = asm.reg(Kind::B32);
         asm.op(format!("mul.lo.u32 {pi0}, {bid}, {tba}"));
         let cnt = asm.reg(Kind::B32);
@@ -775,6 +858,7 @@ pub(crate) fn kernel(
                 ));
             }
         }
+        asm.sink_shared_stores(staging, sink);
     }
     // Group g's copies: padded slots first, then the flat regions.
     let group_base =
@@ -797,10 +881,13 @@ pub(crate) fn kernel(
         };
     let sa = group_base(&mut asm, &flat.a, &flat_shift[0], 0);
     let sb = group_base(&mut asm, &flat.b, &flat_shift[1], flat.b_in_slot);
-    let sc = flat
-        .c
-        .is_some()
-        .then(|| group_base(&mut asm, &flat.c, &flat_shift[2], 0));
+    let sc = match flat.c_pad {
+        Some(c) => Some(group_base(&mut asm, &None, &None, c.c_in_slot)),
+        None => flat
+            .c
+            .is_some()
+            .then(|| group_base(&mut asm, &flat.c, &flat_shift[2], 0)),
+    };
     let mut layout = layout;
     if let Some(a) = &flat.a {
         layout.a_row = a.row;
@@ -838,9 +925,11 @@ pub(crate) fn kernel(
         Some(_) => None,
     };
     // Tensor-core kernels with a C prefetch: C's loads go out before A's and B's.
-    let mut mma_warp_early = (s.mma.is_some() && s.prefetch_c)
-        .then(|| mma_warp(&mut asm, p, s, &lt, &problem, &epi, true));
+    // (With C staged flat, its old values are read from shared memory in the epilogue.)
+    let mut mma_warp_early = (s.mma.is_some() && s.prefetch_c && sc.is_none())
+        .then(|| mma_warp(&mut asm, p, s, &lt, &problem, &epi, true, None));
     asm.comment("stage A and B in shared memory");
+    let staging = asm.body.len();
     let (mext, kext, next) = match s.mma {
         Some(shape) => (
             p.m.next_multiple_of(shape.m as usize),
@@ -966,12 +1055,26 @@ pub(crate) fn kernel(
             v,
         );
     }
+    if let (Some(c), Some(sc), true) = (flat.c_pad, &sc, p.beta != Scalar::Zero) {
+        copy_c_columns(
+            &mut asm,
+            &lt,
+            tpp,
+            &problem.c,
+            sc,
+            p,
+            problem.ldc.max,
+            c.c_ld,
+            true,
+        );
+    }
+    asm.sink_shared_stores(staging, sink);
     asm.place(&skip_load);
     asm.op("bar.sync 0");
     let exit = asm.label();
     // With C staged flat, every thread must reach the barrier before C's copy back.
     let cdone = asm.label();
-    let leave = if cflat_region.is_some() {
+    let leave = if cflat_region.is_some() || flat.c_pad.is_some() {
         &cdone
     } else {
         &exit
@@ -987,10 +1090,31 @@ pub(crate) fn kernel(
         None => {
             let mw = match mma_warp_early.take() {
                 Some(mw) => mw,
-                None => mma_warp(&mut asm, p, s, &lt, &problem, &epi, false),
+                None => {
+                    let c_ld = flat.c_pad.map_or(p.m, |c| c.c_ld);
+                    let sc = sc.as_deref().map(|r| (r, c_ld));
+                    mma_warp(&mut asm, p, s, &lt, &problem, &epi, false, sc)
+                }
             };
             mma_body(&mut asm, p, s, &layout, &sa, &sb, &epi, &mw);
         }
+    }
+    if let (Some(c), Some(sc)) = (flat.c_pad, &sc) {
+        asm.place(&cdone);
+        asm.op("bar.sync 0");
+        asm.op(format!("@{out} bra {exit}"));
+        asm.comment("C back to global memory, column by column");
+        copy_c_columns(
+            &mut asm,
+            &lt,
+            tpp,
+            &problem.c,
+            sc,
+            p,
+            problem.ldc.max,
+            c.c_ld,
+            false,
+        );
     }
     if let Some((span, end, region, vectors)) = &cflat_region {
         asm.place(&cdone);
@@ -1025,7 +1149,7 @@ pub(crate) fn kernel(
     out.push('\n');
     out.push_str(&asm.body);
     out.push_str("}\n");
-    let shared = if s.mma.is_none() {
+    let shared = if s.mma.is_none() || flat.c.is_some() || flat.c_pad.is_some() {
         flat.shared_bytes
     } else {
         res.shared_bytes
@@ -1505,6 +1629,8 @@ struct MmaWarp {
     gid: String,
     tig: String,
     tiles: Vec<MmaTile>,
+    /// Where the slots' addresses point: "global", or "shared" with C staged flat.
+    space: &'static str,
 }
 
 /// One 16x8 tile of C a warp computes: its row and column tile, whether it exists (the
@@ -1521,7 +1647,10 @@ struct MmaTile {
 /// The tiles of C of this thread's warp, with their addresses in C; with `prefetch`, the
 /// old values of C (beta != 0) are loaded here, all before any is stored. When the warp
 /// count is a multiple of the row tiles, a warp keeps one row of tiles (its A fragments are
-/// loaded once).
+/// loaded once). With `sc` (C staged in shared memory: this problem's copy starts at the
+/// register, columns the given number of elements apart) the slots address that copy
+/// instead of global C.
+#[allow(clippy::too_many_arguments)]
 fn mma_warp(
     asm: &mut Asm,
     p: &ColMajorProblem,
@@ -1530,6 +1659,7 @@ fn mma_warp(
     problem: &ProblemRegs,
     epi: &Epilogue,
     prefetch: bool,
+    sc: Option<(&str, usize)>,
 ) -> MmaWarp {
     let shape = s.mma.unwrap_or(smallgemm_ir::MmaShape::M16N8K16);
     let w = s.warps as usize;
@@ -1550,7 +1680,10 @@ fn mma_warp(
         asm.op(format!("rem.u32 {tmr}, {warp}, {mt}"));
         tmr
     });
-    let ldc = problem.ldc.max;
+    let ldc = match sc {
+        Some((_, ld)) => ld,
+        None => problem.ldc.max,
+    };
     let mut out = Vec::new();
     for q in 0..tiles.div_ceil(w) {
         let (tmr, tnr, valid) = match &fixed_row {
@@ -1584,10 +1717,20 @@ fn mma_warp(
         asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
         let off = asm.reg(Kind::B32);
         asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
-        let off64 = asm.reg(Kind::B64);
-        asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
-        let cbase = asm.reg(Kind::B64);
-        asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
+        let cbase = match sc {
+            Some((sc, _)) => {
+                let r = asm.reg(Kind::B32);
+                asm.op(format!("mad.lo.u32 {r}, {off}, 2, {sc}"));
+                r
+            }
+            None => {
+                let off64 = asm.reg(Kind::B64);
+                asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
+                let cbase = asm.reg(Kind::B64);
+                asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
+                cbase
+            }
+        };
         let rp = asm.offsets_below(&row, [0, 8], p.m, p.m % 16 != 0);
         let cp = asm.offsets_below(&col, [0, 1], p.n, p.n % 8 != 0);
         let mut slots = Vec::new();
@@ -1614,6 +1757,7 @@ fn mma_warp(
         gid,
         tig,
         tiles: out,
+        space: if sc.is_some() { "shared" } else { "global" },
     }
 }
 
@@ -1763,7 +1907,7 @@ fn mma_body(
             ));
         }
         for (v, (addr, pred, old)) in acc.iter().zip(&tile.slots) {
-            epi.store(asm, v, addr, pred, old.as_deref(), "global");
+            epi.store(asm, v, addr, pred, old.as_deref(), mw.space);
         }
         if tile.valid.is_some() {
             asm.place(&skip);
@@ -1786,6 +1930,13 @@ pub(crate) struct FlatOperand {
     vectors: usize,
 }
 
+/// A padded copy of C in a problem's slot (elements).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CPad {
+    c_in_slot: usize,
+    c_ld: usize,
+}
+
 /// The shared-memory plan of a kernel: which operands are staged flat, and the bytes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FlatPlan {
@@ -1796,6 +1947,9 @@ pub(crate) struct FlatPlan {
     slot: usize,
     /// Where operand B's padded copy starts inside the slot (elements).
     b_in_slot: usize,
+    /// Tensor-core kernels with C through shared memory where C's columns are whole
+    /// 16-byte vectors: C's copy is in the slot, at `c_in_slot`, columns `c_ld` apart.
+    c_pad: Option<CPad>,
     pub(crate) shared_bytes: usize,
 }
 
@@ -1825,8 +1979,14 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
     let layout = s.shared_layout(p);
     let elt = p.dtype.size();
     let tba = s.tba as usize;
-    let usable = kind == BatchKind::Strided && s.mma.is_none() && s.stage != Staging::Padded;
-    let tpp = s.fma_threads(p) as usize;
+    // Tensor-core kernels keep A and B in their padded slots (`ldmatrix` needs aligned
+    // rows; `Flat` there means `load_flat` into the slot) and may stage only C flat.
+    let mma = s.mma.is_some();
+    let usable = kind == BatchKind::Strided && !mma && s.stage != Staging::Padded;
+    let tpp = match s.mma {
+        None => s.fma_threads(p) as usize,
+        Some(_) => 32 * s.warps as usize,
+    };
     let threads = tpp * tba;
     let tm = p.m.div_ceil(s.rm as usize).max(1);
     let v = 16 / elt;
@@ -1870,8 +2030,33 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         &|i| layout.a_len + (i / tm) * layout.b_col,
     );
     let c_len = p.m * p.n;
-    let c_ok = usable && s.stage == Staging::FlatC && p.ldc == p.m && p.stride_c == c_len;
-    let slot = if a_ok { 0 } else { layout.a_len } + if b_ok { 0 } else { layout.b_len };
+    // Tensor-core kernels: where C's columns are whole, aligned 16-byte vectors, C goes to
+    // a padded copy in the problem's slot (column by column), else, when tight and packed,
+    // flat. The padding keeps the epilogue's 16-bit accesses (8 rows x 4 columns two apart
+    // per instruction) off each other's banks: two columns are c_ld words apart, an odd
+    // multiple of 8 (the tight copy has 4-way conflicts where m is a multiple of 32).
+    let c_pad = (mma
+        && kind == BatchKind::Strided
+        && s.stage == Staging::FlatC
+        && p.m % 8 == 0
+        && p.ldc % 8 == 0
+        && p.stride_c % 8 == 0)
+        .then(|| CPad {
+            c_in_slot: layout.a_len + layout.b_len,
+            c_ld: if (p.m / 8) % 2 == 0 {
+                p.m + 8
+            } else {
+                p.m + 16
+            },
+        });
+    let c_ok = (usable || (mma && kind == BatchKind::Strided))
+        && c_pad.is_none()
+        && s.stage == Staging::FlatC
+        && p.ldc == p.m
+        && p.stride_c == c_len;
+    let slot = if a_ok { 0 } else { layout.a_len }
+        + if b_ok { 0 } else { layout.b_len }
+        + c_pad.map_or(0, |c| c.c_ld * p.n);
     let b_in_slot = if a_ok { 0 } else { layout.a_len };
     let mut at = (slot * tba * elt).next_multiple_of(16);
     // `over`: elements past the last problem that threads whose tile hangs over the edge
@@ -1912,7 +2097,55 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         c,
         slot,
         b_in_slot,
+        c_pad,
         shared_bytes: at,
+    }
+}
+
+/// Copies one problem's C between global memory (columns `ldc` apart) and its padded copy in
+/// shared memory (columns `c_ld` apart) with 16-byte vectors, the group's `tpp` threads
+/// taking vectors in turn (m is a multiple of 8; C's addresses 16-byte aligned).
+#[allow(clippy::too_many_arguments)]
+fn copy_c_columns(
+    asm: &mut Asm,
+    lt: &str,
+    tpp: usize,
+    global: &str,
+    shared: &str,
+    p: &ColMajorProblem,
+    ldc: usize,
+    c_ld: usize,
+    to_shared: bool,
+) {
+    let per_col = p.m / 8;
+    let total = per_col * p.n;
+    for i in 0..total.div_ceil(tpp) {
+        let q = asm.reg(Kind::B32);
+        asm.op(format!("add.u32 {q}, {lt}, {}", i * tpp));
+        let pred = ((i + 1) * tpp > total).then(|| asm.lt(&q, &total.to_string()));
+        let (col, r) = (asm.reg(Kind::B32), asm.reg(Kind::B32));
+        asm.op(format!("div.u32 {col}, {q}, {per_col}"));
+        asm.op(format!("rem.u32 {r}, {q}, {per_col}"));
+        let goff = asm.reg(Kind::B32);
+        asm.op(format!("mul.lo.u32 {goff}, {r}, 8"));
+        asm.op(format!("mad.lo.u32 {goff}, {col}, {ldc}, {goff}"));
+        let g64 = asm.reg(Kind::B64);
+        asm.op(format!("mul.wide.u32 {g64}, {goff}, 2"));
+        let gaddr = asm.reg(Kind::B64);
+        asm.op(format!("add.u64 {gaddr}, {global}, {g64}"));
+        let saddr = asm.reg(Kind::B32);
+        asm.op(format!("mul.lo.u32 {saddr}, {r}, 16"));
+        asm.op(format!("mad.lo.u32 {saddr}, {col}, {}, {saddr}", c_ld * 2));
+        asm.op(format!("add.u32 {saddr}, {saddr}, {shared}"));
+        let (_, list) = words(asm);
+        let g = guard(&pred);
+        if to_shared {
+            asm.op(format!("{g}ld.global.v4.b32 {list}, [{gaddr}]"));
+            asm.op(format!("{g}st.shared.v4.b32 [{saddr}], {list}"));
+        } else {
+            asm.op(format!("{g}ld.shared.v4.b32 {list}, [{saddr}]"));
+            asm.op(format!("{g}st.global.v4.b32 [{gaddr}], {list}"));
+        }
     }
 }
 

@@ -116,10 +116,10 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
             m.k,
             s.warps,
             if s.ldmatrix { "_ldm" } else { "" },
-            if s.stage == Staging::Padded {
-                ""
-            } else {
-                "_flat"
+            match s.stage {
+                Staging::Padded => "",
+                Staging::Flat => "_flat",
+                Staging::FlatC => "_flatc",
             },
             if s.prefetch_c { "_pc" } else { "" }
         ),

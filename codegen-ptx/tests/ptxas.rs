@@ -60,12 +60,12 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 }
 
 /// The tensor-core schedules the GPU tests try besides the planned ones: both fragment
-/// loaders, padded and flat staging, with and without the C prefetch.
+/// loaders, padded and flat staging (C too with `FlatC`), with and without the C prefetch.
 fn mma_variants() -> Vec<GpuSchedule> {
     let mut out = Vec::new();
     for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
         for ldmatrix in [false, true] {
-            for stage in [Staging::Padded, Staging::Flat] {
+            for stage in [Staging::Padded, Staging::Flat, Staging::FlatC] {
                 for prefetch_c in [false, true] {
                     out.push(GpuSchedule {
                         stage,

@@ -158,10 +158,12 @@ pub struct GpuSchedule {
     pub warps: u32,
     /// f16 accumulation precision (ignored for f32/f64).
     pub accumulate: Accumulate,
-    /// Shared-memory staging. Tensor-core kernels read `Flat` and `FlatC` alike: A and B of
-    /// a packed strided batch whose rows are not 16-byte aligned (odd sizes) are read with
-    /// 16-byte loads over the matrix as one flat array, each element then stored to its
-    /// place in the padded layout (`Padded`: element-wise loads there).
+    /// Shared-memory staging. Tensor-core kernels, `Flat`: A and B of a packed strided
+    /// batch whose rows are not 16-byte aligned (odd sizes) are read with 16-byte loads over
+    /// the matrix as one flat array, each element then stored to its place in the padded
+    /// layout (`Padded`: element-wise loads there); `FlatC`: that, and a tight, packed C
+    /// goes through shared memory (16-byte loads and stores of the block's span; the
+    /// epilogue reads and writes the shared copy; `prefetch_c` is then moot).
     #[serde(default)]
     pub stage: Staging,
     /// Tensor-core kernels: load the A and B fragments with `ldmatrix` (one instruction per
@@ -260,7 +262,6 @@ impl GpuSchedule {
         let stage = match self.stage {
             Staging::Padded => "",
             Staging::Flat => " flat",
-            Staging::FlatC if self.mma.is_some() => " flat",
             Staging::FlatC => " flatc",
         };
         match self.mma {
@@ -455,7 +456,8 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
 /// f16 tensor-core winners for n = 16..=128 on an H100 (`smallgemm tune --gpu --dtype f16
 /// --mma-only`: a full sweep of the `ldmatrix` candidates over 33 sizes, then `--quick-mma`
 /// over the other 80, then `--quick-mma` with 16 warps over 65..128; docs/gpu-notes.md,
-/// version 6): (warps, tba, variant).
+/// version 6; then `--flatc-only` over 48..113, `FlatC` where the bench confirmed it, and
+/// 120 and 128 as the other multiples of 16: version 7): (warps, tba, variant).
 #[rustfmt::skip]
 const H100_F16_MMA: [(u32, u32, Mma); 113] = [
     (1, 1, Pre), (2, 2, Pre), (2, 2, Pre), (2, 2, Pre), (2, 2, Pre), (2, 1, Pre), // 16..21
@@ -463,31 +465,33 @@ const H100_F16_MMA: [(u32, u32, Mma); 113] = [
     (8, 1, Pre), (2, 1, FlatPre), (2, 1, Pre), (2, 1, FlatPre), (4, 1, Ldm), (4, 2, Pre), // 28..33
     (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (4, 2, Pre), // 34..39
     (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), // 40..45
-    (4, 1, Pre), (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), // 46..51
-    (4, 1, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), // 52..57
-    (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), // 58..63
-    (4, 1, Pre), (16, 1, Pre), (4, 1, Pre), (16, 1, Pre), (8, 1, Pre), (8, 1, Pre), // 64..69
-    (4, 1, Pre), (8, 1, Pre), (8, 1, Pre), (8, 1, Pre), (4, 1, Pre), (8, 1, Pre), // 70..75
-    (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, Pre), // 76..81
-    (8, 1, FlatPre), (16, 1, Pre), (16, 1, Pre), (16, 1, Pre), (8, 1, FlatPre), (16, 1, Pre), // 82..87
-    (4, 1, Pre), (8, 1, FlatPre), (8, 1, FlatPre), (8, 2, Pre), (16, 1, Pre), (16, 1, FlatPre), // 88..93
-    (16, 1, FlatPre), (16, 1, FlatPre), (16, 1, Pre), (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), // 94..99
-    (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), (4, 1, Pre), (8, 2, Pre), // 100..105
+    (4, 1, Pre), (4, 1, Pre), (8, 1, FlatC), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), // 46..51
+    (4, 1, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), (8, 1, FlatC), (4, 1, Pre), // 52..57
+    (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (8, 1, FlatC), (4, 1, Pre), (4, 1, Pre), // 58..63
+    (8, 1, FlatC), (16, 1, Pre), (4, 1, Pre), (8, 1, FlatC), (8, 1, Pre), (8, 1, FlatC), // 64..69
+    (4, 1, Pre), (8, 1, FlatC), (8, 1, Pre), (8, 1, FlatC), (4, 1, Pre), (8, 1, FlatC), // 70..75
+    (4, 1, Pre), (8, 1, FlatC), (4, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 76..81
+    (16, 1, FlatC), (16, 1, FlatC), (16, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 82..87
+    (4, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (8, 2, Pre), (16, 1, Pre), (16, 1, FlatPre), // 88..93
+    (16, 1, FlatPre), (16, 1, FlatPre), (16, 1, FlatC), (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), // 94..99
+    (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), (16, 1, FlatC), (8, 2, Pre), // 100..105
     (8, 2, Pre), (8, 2, Pre), (16, 1, Pre), (8, 2, Pre), (4, 2, Pre), (8, 2, Pre), // 106..111
-    (8, 2, Pre), (8, 2, Pre), (16, 1, Pre), (8, 2, Pre), (16, 1, Pre), (16, 1, Pre), // 112..117
-    (16, 1, Pre), (8, 2, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, Pre), (16, 1, Pre), // 118..123
-    (16, 1, Pre), (16, 1, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, Pre), // 124..128
+    (16, 1, FlatC), (8, 2, Pre), (16, 1, Pre), (8, 2, Pre), (16, 1, Pre), (16, 1, Pre), // 112..117
+    (16, 1, Pre), (8, 2, Pre), (16, 1, FlatC), (8, 1, Pre), (16, 1, Pre), (16, 1, Pre), // 118..123
+    (16, 1, Pre), (16, 1, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, FlatC), // 124..128
 ];
 
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
-/// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`).
+/// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`); or `ldmatrix` with C
+/// through shared memory and flat A and B (`FlatC`: `Staging::FlatC`, no prefetch).
 #[derive(Clone, Copy)]
 enum Mma {
     Ldm,
     Pre,
     FlatPre,
+    FlatC,
 }
-use Mma::{FlatPre, Ldm, Pre};
+use Mma::{FlatC, FlatPre, Ldm, Pre};
 
 /// The default schedule for `p` on `target`: lightweight blocks (paper 001) of about 128-256
 /// threads; a register tile grows with the size so that a thread does enough FMAs per
@@ -507,6 +511,7 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
         GpuSchedule {
             stage: match variant {
                 FlatPre => Staging::Flat,
+                FlatC => Staging::FlatC,
                 Ldm | Pre => Staging::Padded,
             },
             prefetch_c: matches!(variant, Pre | FlatPre),

@@ -432,7 +432,7 @@ fn f16_matches_the_reference() {
 }
 
 /// Both tensor-core fragment loaders (16/32-bit shared loads and `ldmatrix`), the flat
-/// staging of A and B and the prefetch of C, under several warp counts and problems per
+/// staging of A and B (and of C), and the prefetch of C, under several warp counts and problems per
 /// block, every transpose, padded leading dimensions, and the square sizes 16..=128.
 #[test]
 fn f16_mma_loaders_match() {
@@ -454,6 +454,20 @@ fn f16_mma_loaders_match() {
                 .unwrap(),
         );
     }
+    // C's columns whole 16-byte vectors under a padded leading dimension, with a gap
+    // between the C matrices: C goes through shared memory column by column (`FlatC`).
+    for (m, n, k, ta, beta) in [
+        (24, 40, 17, Trans::T, Scalar::fixed(0.5).unwrap()),
+        (64, 24, 33, Trans::N, Scalar::Zero),
+    ] {
+        let b = GemmSpec::builder(Dtype::F16, m, n, k)
+            .trans_a(ta)
+            .alpha(Scalar::fixed(1.5).unwrap())
+            .beta(beta)
+            .ldc(m + 8);
+        let probe = b.build().unwrap();
+        all.push(b.stride_c(probe.footprint(Operand::C) + 8).build().unwrap());
+    }
     // (ldmatrix, staging, C prefetch): both loaders as before, then the flat staging of A
     // and B and the C prefetch, alone and together.
     let variants = [
@@ -463,6 +477,9 @@ fn f16_mma_loaders_match() {
         (true, Staging::Padded, true),
         (true, Staging::Flat, true),
         (false, Staging::Flat, true),
+        // C through shared memory (16-byte copies of the block's span; the prefetch is moot).
+        (true, Staging::FlatC, false),
+        (false, Staging::FlatC, true),
     ];
     for (i, spec) in all.iter().enumerate() {
         let p = spec.col_major();
