@@ -591,6 +591,13 @@ impl<'a> Emitter<'a> {
                     Err(_) => self.asm.add64_imm32(dst, imm),
                 }
             }
+            Op::Narrow { bytes, ref body } => {
+                let narrow = forms(self.isa, dtype, bytes as usize)?;
+                let full = std::mem::replace(&mut self.forms, narrow);
+                let result = self.ops(body);
+                self.forms = full;
+                result?;
+            }
             Op::Loop {
                 counter,
                 trips,

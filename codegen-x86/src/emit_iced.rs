@@ -208,6 +208,8 @@ pub(crate) struct Emitter<'a> {
     /// Bytes from rbp up to the stack pointer at entry (when the kernel has a frame).
     entry_offset: i32,
     forms: Forms,
+    /// Bytes of the vectors being emitted (narrower inside `Op::Narrow`).
+    width: usize,
     /// AVX2 tail masks: (label of the constant, vector register, enabled lanes).
     mask_constants: Vec<(CodeLabel, u32)>,
 }
@@ -223,6 +225,7 @@ impl<'a> Emitter<'a> {
             conv,
             entry_offset: 0,
             forms: forms(isa, program.dtype, program.lanes * program.dtype.size())?,
+            width: program.lanes * program.dtype.size(),
             mask_constants: Vec::new(),
         })
     }
@@ -363,7 +366,7 @@ impl<'a> Emitter<'a> {
         if r.0 as usize >= self.program.vregs {
             return Err(EmitError::TooManyVectorRegisters(r.0 as usize + 1));
         }
-        Ok(vector(self.program.lanes * self.program.dtype.size(), r))
+        Ok(vector(self.width, r))
     }
 
     fn add(&mut self, i: Instruction) -> Result<(), EmitError> {
@@ -677,6 +680,15 @@ impl<'a> Emitter<'a> {
                     Code::Add_rm64_imm32
                 };
                 self.add(Instruction::with2(code, self.gpr(dst)?, imm)?)?;
+            }
+            Op::Narrow { bytes, ref body } => {
+                let narrow = forms(self.isa, dtype, bytes as usize)?;
+                let full = std::mem::replace(&mut self.forms, narrow);
+                let width = std::mem::replace(&mut self.width, bytes as usize);
+                let result = self.ops(body);
+                self.forms = full;
+                self.width = width;
+                result?;
             }
             Op::Loop {
                 counter,

@@ -89,6 +89,8 @@ struct Machine<'a, T: Element> {
     vregs: Vec<Option<[T; MAX_LANES]>>,
     gprs: Vec<Option<Value>>,
     masks: Vec<Option<usize>>,
+    /// Lanes of the arithmetic inside an `Op::Narrow`.
+    narrow: Option<usize>,
 }
 
 /// Runs `program` on `batch` matrices of the given slices (element 0 of each slice is where
@@ -166,6 +168,7 @@ fn run<T: Element>(
         vregs: vec![None; program.vregs],
         gprs,
         masks: vec![None; program.masks.len()],
+        narrow: None,
     };
     machine.run(&program.ops)
 }
@@ -173,6 +176,20 @@ fn run<T: Element>(
 impl<T: Element> Machine<'_, T> {
     fn lanes(&self) -> usize {
         self.program.lanes
+    }
+
+    /// Lanes the arithmetic computes: all, or those of an enclosing `Narrow`.
+    fn active_lanes(&self) -> usize {
+        self.narrow.unwrap_or(self.program.lanes)
+    }
+
+    /// `v` with the lanes above the arithmetic's width undefined (NaN, so that a store of
+    /// them shows in C).
+    fn poison_upper(&self, mut v: [T; MAX_LANES]) -> [T; MAX_LANES] {
+        for lane in v.iter_mut().skip(self.active_lanes()) {
+            *lane = T::from_f64(f64::NAN);
+        }
+        v
     }
 
     fn run(&mut self, ops: &[Op]) -> Result<(), InterpError> {
@@ -332,6 +349,19 @@ impl<T: Element> Machine<'_, T> {
                 };
                 self.gprs[dst.0 as usize] = Some(v);
             }
+            Op::Narrow { bytes, body } => {
+                let width = *bytes as usize / std::mem::size_of::<T>();
+                if width == 0 || width > lanes || self.narrow.is_some() {
+                    return Err(InterpError::Undefined {
+                        op: format!("{op:?}"),
+                        what: format!("{width} of {lanes} lanes, or a nested narrowing"),
+                    });
+                }
+                self.narrow = Some(width);
+                let result = self.run(body);
+                self.narrow = None;
+                result?;
+            }
             Op::Loop {
                 counter,
                 trips,
@@ -393,10 +423,11 @@ impl<T: Element> Machine<'_, T> {
         negate: bool,
     ) -> Result<(), InterpError> {
         let (mut c, av) = (self.get(op, acc)?, self.get(op, a)?);
-        for (i, lane) in c.iter_mut().enumerate().take(self.lanes()) {
+        for (i, lane) in c.iter_mut().enumerate().take(self.active_lanes()) {
             let x = if negate { T::default() - av[i] } else { av[i] };
             *lane = x.mul_add(b(i), *lane);
         }
+        let c = self.poison_upper(c);
         self.set(op, acc, c)
     }
 
@@ -413,6 +444,7 @@ impl<T: Element> Machine<'_, T> {
         for (i, lane) in r.iter_mut().enumerate() {
             *lane = f(x[i], y[i]);
         }
+        let r = self.poison_upper(r);
         self.set(op, dst, r)
     }
 

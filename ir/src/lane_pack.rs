@@ -377,7 +377,7 @@ fn group(
     for (v, (&acc, &old)) in regs.acc.iter().zip(&regs.b).enumerate() {
         let c = at(Gpr::C, c_off + v as i64 * vector_bytes)?;
         let old = reads_c.then_some((old, false));
-        finish_vector(out, p.beta, acc, c, mask, old, scalars);
+        finish_vector(out, p.beta, acc, c, mask, old, scalars, None);
     }
     Ok(())
 }

@@ -116,6 +116,7 @@ fn memory_operand(op: &Op) -> Option<Addr> {
         | Op::SetMask { .. }
         | Op::Copy { .. }
         | Op::AddImm { .. }
+        | Op::Narrow { .. }
         | Op::Loop { .. } => None,
     }
 }

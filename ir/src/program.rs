@@ -142,6 +142,11 @@ pub enum Op {
     StoreConst { value: f64, addr: Addr },
     /// dst = the 64-bit address stored at addr (pointer-array batches).
     LoadAddress { dst: Gpr, addr: Addr },
+    /// `body`'s arithmetic (Fma, FmaBroadcast, Add, Sub, Mul) on the low `bytes` of its
+    /// registers only (x86: xmm or ymm instructions in a zmm or ymm kernel): the vectors of a
+    /// row block's tail, whose upper lanes hold nothing the kernel stores. Lanes of a
+    /// destination above `bytes` are undefined afterwards.
+    Narrow { bytes: u32, body: Vec<Op> },
     /// A hint: start bringing the cache line at addr into the core's L2 cache. No effect on
     /// any value; never faults, even past the end of the batch.
     Prefetch { addr: Addr },
@@ -208,6 +213,7 @@ impl Program {
                         c.fmas += times;
                         c.broadcasts += times
                     }
+                    Op::Narrow { body, .. } => walk(body, times, c),
                     Op::Loop { trips, body, .. } => {
                         let n = match trips {
                             Trips::Const(n) => *n as u64,
@@ -349,6 +355,11 @@ impl fmt::Display for Program {
                         writeln!(f, "{pad}{dst} = load.address {addr}")?
                     }
                     Op::Prefetch { addr } => writeln!(f, "{pad}prefetch {addr}")?,
+                    Op::Narrow { bytes, body } => {
+                        writeln!(f, "{pad}narrow {bytes} bytes {{")?;
+                        list(body, depth + 1, f)?;
+                        writeln!(f, "{pad}}}")?;
+                    }
                     Op::Copy { dst, src } => writeln!(f, "{pad}{dst} = {src}")?,
                     Op::AddImm { dst, imm } => writeln!(f, "{pad}{dst} += {imm}")?,
                     Op::Loop {
