@@ -285,19 +285,22 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
         estimated_cycles(&problem, target, a).total_cmp(&estimated_cycles(&problem, target, b))
     });
     let packed = smallgemm_ir::lane_pack::plan(&problem, target).map(|(_, s)| s);
-    let packed = target.vector_widths().iter().flat_map(|&width| {
-        [0, 2, 4].map(|batch_unroll| Schedule {
-            vector_bytes: if width == target.vector_bytes() {
-                0
-            } else {
-                width
-            },
-            batch_unroll,
-            ..packed.unwrap_or(planned)
-        })
-    });
     let packed: Vec<Schedule> = packed
-        .filter(|s| s.lane_pack && s.validate(&problem, target).is_ok())
+        .into_iter()
+        .flat_map(|packed| {
+            target.vector_widths().iter().flat_map(move |&width| {
+                [0, 2, 4].map(|batch_unroll| Schedule {
+                    vector_bytes: if width == target.vector_bytes() {
+                        0
+                    } else {
+                        width
+                    },
+                    batch_unroll,
+                    ..packed
+                })
+            })
+        })
+        .filter(|s| s.validate(&problem, target).is_ok())
         .collect();
     // The planner's first; each schedule once (a k-loop variant can equal another one).
     let mut distinct = vec![planned];

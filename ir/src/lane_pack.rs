@@ -19,10 +19,12 @@
 //! multiple of the matrices per vector ends with one matrix per trip, its four lanes loaded
 //! and stored exactly.
 
-use crate::lower::LowerError;
-use crate::lower::{finish_vector, imm, scalar_scratch_bytes, spill_scalars, EpilogueScalars};
+use crate::lower::{
+    advance_bases, finish_vector, imm, scalar_scratch_bytes, spill_scalars, EpilogueScalars,
+    LowerError,
+};
 use crate::program::{Addr, Gpr, Mask, MaskDecl, Op, Program, Trips, VReg};
-use crate::schedule::{Schedule, ScheduleError, MAX_BATCH_UNROLL};
+use crate::schedule::{registers_fit, Schedule, ScheduleError};
 use crate::spec::{BatchForm, ColMajorProblem, Dtype, Scalar, Trans};
 use crate::target::{Isa, Target};
 
@@ -85,12 +87,7 @@ pub fn geometry(
     if p.alpha == Scalar::Zero {
         return Err(refuse("alpha = 0 reads no A or B"));
     }
-    if schedule.vector_bytes != 0 && !target.vector_widths().contains(&schedule.vector_bytes) {
-        return Err(ScheduleError::VectorWidth {
-            bytes: schedule.vector_bytes,
-            target,
-        });
-    }
+    schedule.validate_common(target)?;
     let lanes = schedule.lanes(target, p.dtype);
     if lanes < 4 {
         return Err(refuse("vectors of at least four lanes"));
@@ -106,9 +103,6 @@ pub fn geometry(
             "several matrices per vector need a packed batch (strides = 4)",
         ));
     }
-    if schedule.batch_unroll > MAX_BATCH_UNROLL {
-        return Err(ScheduleError::BatchUnroll(schedule.batch_unroll));
-    }
     let g = Geometry {
         side,
         lanes,
@@ -116,15 +110,10 @@ pub fn geometry(
         vectors,
     };
     let scalars = p.alpha.is_general() as usize + p.beta.is_general() as usize;
-    let needed = schedule.batch_unroll.max(1) * g.registers_per_group() + scalars;
-    let available = target.vector_registers();
-    if needed > available {
-        return Err(ScheduleError::TooManyRegisters {
-            needed,
-            available,
-            target,
-        });
-    }
+    registers_fit(
+        schedule.batch_unroll.max(1) * g.registers_per_group() + scalars,
+        target,
+    )?;
     Ok(g)
 }
 
@@ -234,17 +223,6 @@ pub(crate) fn lower(
     let params = spill_scalars(p, &mut ops);
     scalars.load(&mut ops);
     let mut masks = Vec::new();
-    let advance = |out: &mut Vec<Op>, matrices: usize| -> Result<(), LowerError> {
-        for (reg, stride) in [Gpr::A, Gpr::B, Gpr::C].into_iter().zip(strides) {
-            if stride != 0 {
-                out.push(Op::AddImm {
-                    dst: reg,
-                    imm: imm(stride * matrices as i64)?,
-                });
-            }
-        }
-        Ok(())
-    };
 
     let per_trip = unroll * g.per_vector;
     if per_trip >= 2 {
@@ -254,7 +232,7 @@ pub(crate) fn lower(
             let offsets = strides.map(|s| s * first);
             group(&mut body, p, g, regs, offsets, None, scalars)?;
         }
-        advance(&mut body, per_trip)?;
+        advance_bases(&mut body, strides, per_trip)?;
         ops.push(Op::Loop {
             counter: Gpr::BATCH,
             trips: Trips::RegisterBy(per_trip as u32),
@@ -273,7 +251,7 @@ pub(crate) fn lower(
     }
     let mut body = Vec::new();
     group(&mut body, p, g, &groups[0], [0; 3], mask, scalars)?;
-    advance(&mut body, 1)?;
+    advance_bases(&mut body, strides, 1)?;
     ops.push(Op::Loop {
         counter: Gpr::BATCH,
         trips: Trips::Register,

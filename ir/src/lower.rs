@@ -121,13 +121,18 @@ pub fn lower(
             target,
         });
     }
+    if schedule.lane_pack {
+        // Its own lowering, which validates the schedule as it lays the problem out.
+        return crate::lane_pack::lower(problem, target, schedule);
+    }
     schedule.validate(problem, target)?;
     let lanes = schedule.lanes(target, problem.dtype);
+    let regs = schedule.registers(problem, target);
     let mut l = Lowering {
         p: problem,
         target,
         s: *schedule,
-        regs: schedule.registers(problem, target),
+        regs,
         elt: problem.dtype.size() as i64,
         lanes,
         tail_masks: schedule
@@ -141,12 +146,9 @@ pub fn lower(
         next_gpr: Gpr::FIRST_FREE,
         panel_ld: schedule.m_vectors.min(problem.m.div_ceil(lanes)) * lanes,
         bases: [Gpr::A, Gpr::B, Gpr::C].map(Cursor::at),
-        vregs_used: schedule.registers(problem, target).total(),
+        vregs_used: regs.total(),
     };
     let mut program = l.program()?;
-    if schedule.lane_pack {
-        return crate::lane_pack::lower(problem, target, schedule);
-    }
     if schedule.prefetch && problem.batch_form == BatchForm::Strided {
         crate::prefetch::insert(&mut program.ops);
     }
@@ -181,7 +183,6 @@ impl Lowering<'_> {
         };
 
         let mut body = Vec::new();
-        let arrays = [Gpr::A, Gpr::B, Gpr::C];
         let strides = match p.batch_form {
             BatchForm::Strided => [p.stride_a, p.stride_b, p.stride_c].map(|s| s as i64 * self.elt),
             BatchForm::PointerArrays => {
@@ -212,14 +213,7 @@ impl Lowering<'_> {
             }
             self.bases = bases;
             let mut ops = self.interleave_pairs(matrices, &masks);
-            for (reg, bytes) in arrays.into_iter().zip(strides) {
-                if bytes != 0 {
-                    ops.push(Op::AddImm {
-                        dst: reg,
-                        imm: imm(bytes * unroll as i64)?,
-                    });
-                }
-            }
+            advance_bases(&mut ops, strides, unroll)?;
             unrolled = Some(Op::Loop {
                 counter: Gpr::BATCH,
                 trips: Trips::RegisterBy(unroll as u32),
@@ -227,14 +221,7 @@ impl Lowering<'_> {
             });
         }
         self.rows(&mut body)?;
-        for (reg, bytes) in arrays.into_iter().zip(strides) {
-            if bytes != 0 {
-                body.push(Op::AddImm {
-                    dst: reg,
-                    imm: imm(bytes)?,
-                });
-            }
-        }
+        advance_bases(&mut body, strides, 1)?;
         // Partial B vectors: only targets with FMA by element, whose masks take no register.
         for &(mask, lanes) in &self.b_masks {
             masks.push(MaskDecl {
@@ -923,6 +910,24 @@ pub(crate) fn spill_scalars(p: &ColMajorProblem, setup: &mut Vec<Op>) -> Vec<Par
         }
     }
     params
+}
+
+/// Moves the A, B and C argument registers `matrices` matrices on: `strides` bytes each
+/// (a zero stride, an operand shared by the batch, stays).
+pub(crate) fn advance_bases(
+    out: &mut Vec<Op>,
+    strides: [i64; 3],
+    matrices: usize,
+) -> Result<(), LowerError> {
+    for (reg, bytes) in [Gpr::A, Gpr::B, Gpr::C].into_iter().zip(strides) {
+        if bytes != 0 {
+            out.push(Op::AddImm {
+                dst: reg,
+                imm: imm(bytes * matrices as i64)?,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Bytes of scratch memory a kernel without a packed A panel needs for its scalars.

@@ -236,6 +236,13 @@ impl Schedule {
         if self.split_tail && target.masks() == MaskSupport::PartialAccess {
             return Err(ScheduleError::SplitTail(target));
         }
+        self.validate_common(target)?;
+        registers_fit(self.registers(problem, target).total(), target)
+    }
+
+    /// The checks register-blocked and lane-packed schedules share: matrices per trip and
+    /// the vector width.
+    pub(crate) fn validate_common(&self, target: Target) -> Result<(), ScheduleError> {
         if self.batch_unroll > MAX_BATCH_UNROLL {
             return Err(ScheduleError::BatchUnroll(self.batch_unroll));
         }
@@ -245,15 +252,19 @@ impl Schedule {
                 target,
             });
         }
-        let needed = self.registers(problem, target).total();
-        let available = target.vector_registers();
-        if needed > available {
-            return Err(ScheduleError::TooManyRegisters {
-                needed,
-                available,
-                target,
-            });
-        }
         Ok(())
     }
+}
+
+/// Whether `needed` vector registers fit `target`'s register file.
+pub(crate) fn registers_fit(needed: usize, target: Target) -> Result<(), ScheduleError> {
+    let available = target.vector_registers();
+    if needed > available {
+        return Err(ScheduleError::TooManyRegisters {
+            needed,
+            available,
+            target,
+        });
+    }
+    Ok(())
 }

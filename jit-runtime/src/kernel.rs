@@ -98,8 +98,8 @@ pub struct Kernel {
     /// compiled on the first such call; None where it does not pay (or failed to compile:
     /// the kernel's own code then runs, correct and a little slower).
     streaming: OnceLock<Option<ExecutableCode>>,
-    /// The schedule of `streaming`.
-    streaming_schedule: Schedule,
+    /// Whether `streaming` may block differently from `schedule` (see [`Kernel::compile`]).
+    stream_blocks: bool,
     /// The fewest matrices a call needs to run `streaming` (usize::MAX: never).
     streaming_batch: usize,
     compile_time: Duration,
@@ -145,14 +145,6 @@ impl Kernel {
     ) -> Result<Kernel, Error> {
         let start = Instant::now();
         let generated = generate(spec, target, schedule)?;
-        let streaming_schedule = if stream_blocks {
-            smallgemm_ir::plan_streaming(&spec.col_major(), target, &generated.schedule)
-        } else {
-            Schedule {
-                prefetch: true,
-                ..generated.schedule
-            }
-        };
         let exec = map_named(&generated.code, || {
             format!("{}_{}", target.isa, spec.name())
         })?;
@@ -164,7 +156,7 @@ impl Kernel {
             code: generated.code,
             exec,
             streaming: OnceLock::new(),
-            streaming_schedule,
+            stream_blocks,
             streaming_batch: streaming_batch(spec, target, &generated.schedule),
             compile_time: start.elapsed(),
         })
@@ -183,7 +175,19 @@ impl Kernel {
     fn entry(&self, batch: usize) -> *const u8 {
         if self.streams(batch) {
             let variant = self.streaming.get_or_init(|| {
-                let schedule = self.streaming_schedule;
+                // Planned here, on the first streaming call: most kernels never stream.
+                let schedule = if self.stream_blocks {
+                    smallgemm_ir::plan_streaming(
+                        &self.spec.col_major(),
+                        self.target,
+                        &self.schedule,
+                    )
+                } else {
+                    Schedule {
+                        prefetch: true,
+                        ..self.schedule
+                    }
+                };
                 let generated = generate(&self.spec, self.target, Some(&schedule)).ok()?;
                 map_named(&generated.code, || {
                     format!("{}_{}_prefetch", self.target.isa, self.spec.name())
