@@ -10,6 +10,7 @@ use crate::encode::{self as enc, Assembler, Cond, Evex, Label, Mem, Rm, VForm};
 use crate::{regs, EmitError};
 
 /// The instruction forms of one (ISA, dtype): vector ops are the same code with other opcodes.
+#[derive(Clone, Copy)]
 struct Forms {
     load: VForm,
     store: VForm,
@@ -179,6 +180,9 @@ pub(crate) struct Emitter<'a> {
     /// Bytes from rbp up to the stack pointer at entry (when the kernel has a frame).
     entry_offset: i32,
     forms: Forms,
+    /// The 16- and 32-byte forms of narrow tails, made on first use: a kernel has many
+    /// narrow operations, and making the forms each time showed in the compile time.
+    narrow_forms: [Option<Forms>; 2],
     /// AVX2 tail masks: (label of the constant, enabled lanes).
     mask_constants: Vec<(Label, u32)>,
 }
@@ -194,6 +198,7 @@ impl<'a> Emitter<'a> {
             conv,
             entry_offset: 0,
             forms: forms(isa, program.dtype, program.lanes * program.dtype.size())?,
+            narrow_forms: [None; 2],
             mask_constants: Vec::new(),
         })
     }
@@ -386,6 +391,20 @@ impl<'a> Emitter<'a> {
             }
             _ => return None,
         })
+    }
+
+    fn narrow_forms(&mut self, bytes: usize) -> Result<Forms, EmitError> {
+        let slot = match bytes {
+            16 => 0,
+            32 => 1,
+            _ => return forms(self.isa, self.program.dtype, bytes),
+        };
+        if let Some(forms) = self.narrow_forms[slot] {
+            return Ok(forms);
+        }
+        let made = forms(self.isa, self.program.dtype, bytes)?;
+        self.narrow_forms[slot] = Some(made);
+        Ok(made)
     }
 
     fn op(&mut self, op: &Op) -> Result<(), EmitError> {
@@ -592,7 +611,7 @@ impl<'a> Emitter<'a> {
                 }
             }
             Op::Narrow { bytes, ref body } => {
-                let narrow = forms(self.isa, dtype, bytes as usize)?;
+                let narrow = self.narrow_forms(bytes as usize)?;
                 let full = std::mem::replace(&mut self.forms, narrow);
                 let result = self.ops(body);
                 self.forms = full;

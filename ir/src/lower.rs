@@ -1028,15 +1028,21 @@ pub(crate) fn finish_vector(
     });
 }
 
-/// Pushes `op`, inside an `Op::Narrow` of `bytes` when given.
+/// Pushes `op`, inside an `Op::Narrow` of `bytes` when given: the one just before when it is
+/// of the same width (one `Narrow` per operation made compiling a tail-heavy kernel twice
+/// as slow).
 fn push_at(out: &mut Vec<Op>, bytes: Option<u32>, op: Op) {
-    out.push(match bytes {
-        Some(bytes) => Op::Narrow {
+    let Some(bytes) = bytes else {
+        out.push(op);
+        return;
+    };
+    match out.last_mut() {
+        Some(Op::Narrow { bytes: b, body }) if *b == bytes => body.push(op),
+        _ => out.push(Op::Narrow {
             bytes,
             body: vec![op],
-        },
-        None => op,
-    });
+        }),
+    }
 }
 
 /// `op` with every vector register `shift` higher.
