@@ -150,6 +150,18 @@ fn lane_forms(isa: Isa, dtype: Dtype, bytes: usize) -> (Option<VForm>, Option<VF
     (permute, group)
 }
 
+/// The lane-packed kernels' insert of a group of four elements from memory into a
+/// `bytes`-byte vector, where the vector has more than one group.
+fn insert_form(isa: Isa, dtype: Dtype, bytes: usize) -> Option<VForm> {
+    use enc::*;
+    match (dtype, bytes, isa == Isa::Avx512) {
+        (Dtype::F32, 32, false) => Some(VEX_VINSERTF128_YMM_M128),
+        (Dtype::F32, 32 | 64, true) => Some(EVEX_VINSERTF32X4_ZMM_M128.with_width(bytes)),
+        (Dtype::F64, 64, true) => Some(EVEX_VINSERTF64X4_ZMM_M256),
+        _ => None,
+    }
+}
+
 /// The immediate of `vpermilps` / `vpermpd` for a selection within groups of four lanes.
 fn permute_imm(select: [u8; 4]) -> Result<u8, EmitError> {
     if select.iter().any(|&t| t >= 4) {
@@ -461,6 +473,15 @@ impl<'a> Emitter<'a> {
                 let imm = permute_imm(select)?;
                 self.asm
                     .vec_imm8(form, dst, 0, Rm::Reg(src), Evex::default(), imm);
+            }
+            Op::InsertGroup { dst, addr, group } => {
+                let bytes = self.program.lanes * dtype.size();
+                let form = insert_form(self.isa, dtype, bytes).ok_or(EmitError::Unsupported(
+                    "this width of group insert",
+                    self.isa,
+                ))?;
+                let (r, m) = (self.v(dst)?, self.mem(addr)?);
+                self.asm.vec_imm8(form, r, r, m, Evex::default(), group);
             }
             Op::LoadScalar { dst, addr } => {
                 let (r, m) = (self.v(dst)?, self.mem(addr)?);

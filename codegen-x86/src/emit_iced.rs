@@ -531,6 +531,16 @@ impl<'a> Emitter<'a> {
                 let i = Instruction::with3(code, self.v(dst)?, self.v(src)?, imm)?;
                 self.add(i)?;
             }
+            Op::InsertGroup { dst, addr, group } => {
+                let bytes = self.program.lanes * dtype.size();
+                let code = insert_code(self.isa, dtype, bytes).ok_or(EmitError::Unsupported(
+                    "this width of group insert",
+                    self.isa,
+                ))?;
+                let r = self.v(dst)?;
+                let i = Instruction::with4(code, r, r, self.mem(addr, false)?, group as u32)?;
+                self.add(i)?;
+            }
             Op::LoadScalar { dst, addr } => {
                 self.v(dst)?;
                 let code = if dst.0 < 16 {
@@ -756,6 +766,18 @@ fn lane_codes(isa: Isa, dtype: Dtype, bytes: usize) -> (Option<Code>, Option<Cod
         _ => None,
     };
     (permute, group)
+}
+
+/// The lane-packed kernels' insert of four elements from memory into one group.
+fn insert_code(isa: Isa, dtype: Dtype, bytes: usize) -> Option<Code> {
+    use Code::*;
+    match (dtype, bytes, isa == Isa::Avx512) {
+        (Dtype::F32, 32, false) => Some(VEX_Vinsertf128_ymm_ymm_xmmm128_imm8),
+        (Dtype::F32, 32, true) => Some(EVEX_Vinsertf32x4_ymm_k1z_ymm_xmmm128_imm8),
+        (Dtype::F32, 64, true) => Some(EVEX_Vinsertf32x4_zmm_k1z_zmm_xmmm128_imm8),
+        (Dtype::F64, 64, true) => Some(EVEX_Vinsertf64x4_zmm_k1z_zmm_ymmm256_imm8),
+        _ => None,
+    }
 }
 
 /// The 32-bit view of a 64-bit general register (writing it zero-extends).

@@ -152,6 +152,7 @@ pub(crate) const VEX_VPERMILPS_YMM_IMM8: VForm = vex(3, 1, false, 1, 0x04);
 pub(crate) const VEX_VPERMPD_YMM_IMM8: VForm = vex(3, 1, true, 1, 0x01);
 /// A 128-bit group repeated across the vector (0F38).
 pub(crate) const VEX_VBROADCASTF128_YMM_M128: VForm = vex(2, 1, false, 1, 0x1A);
+pub(crate) const VEX_VINSERTF128_YMM_M128: VForm = vex(3, 1, false, 1, 0x18);
 
 pub(crate) const EVEX_VMOVUPD_ZMM_M512: VForm = evex(1, 1, true, 2, 0x10, 64);
 pub(crate) const EVEX_VMOVUPD_M512_ZMM: VForm = evex(1, 1, true, 2, 0x11, 64);
@@ -182,6 +183,10 @@ pub(crate) const EVEX_VPERMILPS_ZMM_IMM8: VForm = evex(3, 1, false, 2, 0x04, 64)
 pub(crate) const EVEX_VPERMPD_ZMM_IMM8: VForm = evex(3, 1, true, 2, 0x01, 64);
 pub(crate) const EVEX_VBROADCASTF32X4_ZMM_M128: VForm = evex(2, 1, false, 2, 0x1A, 16);
 pub(crate) const EVEX_VBROADCASTF64X4_ZMM_M256: VForm = evex(2, 1, true, 2, 0x1B, 32);
+/// A group of four elements from memory into one 128- or 256-bit lane: `op reg, reg, [mem],
+/// imm8` (lane-packed kernels, map 0F3A).
+pub(crate) const EVEX_VINSERTF32X4_ZMM_M128: VForm = evex(3, 1, false, 2, 0x18, 16);
+pub(crate) const EVEX_VINSERTF64X4_ZMM_M256: VForm = evex(3, 1, true, 2, 0x1A, 32);
 
 /// The EVEX operand extras: opmask, zeroing, embedded broadcast.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -136,6 +136,8 @@ enum Shape {
     Rrr,
     /// `op reg, reg, imm8` (in-lane permutes).
     RrImm,
+    /// `op reg, reg, [mem], imm8` (group inserts).
+    RrmImm,
 }
 
 /// The encoder's form, iced's code, operand shape, register class.
@@ -814,6 +816,30 @@ fn table() -> Vec<Row> {
             Load,
             zmm,
         ),
+        (
+            enc::VEX_VINSERTF128_YMM_M128,
+            Code::VEX_Vinsertf128_ymm_ymm_xmmm128_imm8,
+            RrmImm,
+            ymm,
+        ),
+        (
+            enc::EVEX_VINSERTF32X4_ZMM_M128,
+            Code::EVEX_Vinsertf32x4_zmm_k1z_zmm_xmmm128_imm8,
+            RrmImm,
+            zmm,
+        ),
+        (
+            enc::EVEX_VINSERTF32X4_ZMM_M128.with_width(32),
+            Code::EVEX_Vinsertf32x4_ymm_k1z_ymm_xmmm128_imm8,
+            RrmImm,
+            ymm,
+        ),
+        (
+            enc::EVEX_VINSERTF64X4_ZMM_M256,
+            Code::EVEX_Vinsertf64x4_zmm_k1z_zmm_ymmm256_imm8,
+            RrmImm,
+            zmm,
+        ),
     ]
 }
 
@@ -854,7 +880,11 @@ fn vector_forms_match_iced() {
                     iced(&i)
                 };
                 match shape {
-                    Shape::Load | Shape::Store | Shape::LoadVvvv | Shape::StoreVvvv => {
+                    Shape::Load
+                    | Shape::Store
+                    | Shape::LoadVvvv
+                    | Shape::StoreVvvv
+                    | Shape::RrmImm => {
                         // All memory operands for a few registers, a few for the rest.
                         let step = if [0, 7, 8, 15, 16, 31].contains(&r) && mask <= 1 {
                             1
@@ -873,6 +903,22 @@ fn vector_forms_match_iced() {
                                     finish(Instruction::with2(code, im, class(r)).unwrap()),
                                     ours(|a| a.vec(form, r, 0, Rm::Mem(*m), extras)),
                                 ),
+                                Shape::RrmImm => {
+                                    let imm = r % 4;
+                                    (
+                                        finish(
+                                            Instruction::with4(
+                                                code,
+                                                class(r),
+                                                class(v),
+                                                im,
+                                                imm as u32,
+                                            )
+                                            .unwrap(),
+                                        ),
+                                        ours(|a| a.vec_imm8(form, r, v, Rm::Mem(*m), extras, imm)),
+                                    )
+                                }
                                 Shape::LoadVvvv => (
                                     finish(
                                         Instruction::with3(code, class(r), class(v), im).unwrap(),
@@ -1191,6 +1237,9 @@ fn specs() -> Vec<GemmSpecBuilder> {
                 .trans_b(Trans::T)
                 .beta(Scalar::One),
             b(dtype, 100, 40, 90),
+            // Lane-packed with B gathered by inserts.
+            b(dtype, 4, 4, 8).beta(Scalar::Runtime),
+            b(dtype, 4, 4, 32).alpha(Scalar::MinusOne),
             b(dtype, 64, 3, 200).alpha(Scalar::Runtime),
             b(dtype, 1, 33, 2),
             b(dtype, 31, 1, 1),

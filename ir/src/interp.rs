@@ -243,6 +243,20 @@ impl<T: Element> Machine<'_, T> {
                 }
                 self.set(op, *dst, v)?;
             }
+            Op::InsertGroup { dst, addr, group } => {
+                let first = 4 * *group as usize;
+                if lanes % 4 != 0 || first + 4 > lanes {
+                    return Err(InterpError::Undefined {
+                        op: format!("{op:?}"),
+                        what: format!("group {group} of four lanes in a {lanes}-lane vector"),
+                    });
+                }
+                let mut v = self.get(op, *dst)?;
+                for i in 0..4 {
+                    v[first + i] = self.read(op, *addr, i)?;
+                }
+                self.set(op, *dst, v)?;
+            }
             Op::LoadScalar { dst, addr } => {
                 let mut v = [T::default(); MAX_LANES];
                 v[0] = self.read(op, *addr, 0)?;
@@ -401,7 +415,8 @@ impl<T: Element> Machine<'_, T> {
 
     fn active(&self, op: &Op, mask: Option<Mask>) -> Result<usize, InterpError> {
         match mask {
-            None => Ok(self.lanes()),
+            // Inside a Narrow, a load reads only its low lanes and clears the rest.
+            None => Ok(self.active_lanes()),
             Some(m) => self
                 .masks
                 .get(m.0 as usize)

@@ -1,5 +1,5 @@
-//! Lane-packed kernels for 2x2x2 and 4x4x4 (`Schedule::lane_pack`): the CPU analogue of
-//! the papers' aggregation of tiny problems, as an in-register interleaving.
+//! Lane-packed kernels for 2x2x2 and 4x4xk, k a multiple of 4 (`Schedule::lane_pack`): the
+//! CPU analogue of the papers' aggregation of tiny problems, as an in-register interleaving.
 //!
 //! A register-blocked kernel spends a whole vector (mostly empty) per column of a 2x2 C and
 //! a broadcast per element of B; its k steps are a latency chain of 2 or 4 FMAs. Here every
@@ -13,6 +13,9 @@
 //!
 //! with the permutes within groups of four lanes (`vpermilps` / `vpermpd` with an immediate)
 //! and A's column repeated across groups by a load (`vbroadcastf32x4` / `vbroadcastf64x4`).
+//! For k > 4 the B vector of each four steps of k (rows 4c..4c+4 of the columns of its
+//! groups) is gathered by a load of its first group and inserts of the others
+//! (`vinsertf32x4` / `vinsertf64x4` / `vinsertf128` from memory).
 //! 2x2 operands may be transposed (other selections); 4x4 ones may not (a row crosses
 //! groups). Matrices must be contiguous (leading dimensions = the size); for several matrices per
 //! vector the batch must be packed (strides = 4 elements). A batch whose length is not a
@@ -31,8 +34,10 @@ use crate::target::{Isa, Target};
 /// How a lane-packed kernel lays a problem in vectors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
-    /// m = n = k: 2 or 4.
+    /// m = n: 2 or 4.
     pub side: usize,
+    /// k: 2 for 2x2, a multiple of 4 for 4x4.
+    pub depth: usize,
     /// Lanes per vector.
     pub lanes: usize,
     /// Matrices per vector of C (2x2: a group of four lanes each; else 1).
@@ -42,10 +47,20 @@ pub struct Geometry {
 }
 
 impl Geometry {
+    /// Accumulators per vector of C: beyond four steps of k, even and odd steps sum apart,
+    /// so that the FMA chain of a matrix is half as long.
+    fn chains(&self) -> usize {
+        if self.depth > 4 {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Vector registers of one vector group of C: accumulators, B, the repeated A column,
     /// the permuted B, and for 2x2 the loaded A.
     fn registers_per_group(&self) -> usize {
-        2 * self.vectors + 2 + (self.side == 2) as usize
+        (1 + self.chains()) * self.vectors + 2 + (self.side == 2) as usize
     }
 }
 
@@ -69,14 +84,18 @@ pub fn geometry(
         return Err(refuse("f32 and f64 only"));
     }
     let side = p.m;
-    if !(side == 2 || side == 4) || p.n != side || p.k != side {
-        return Err(refuse("2x2x2 and 4x4x4 only"));
+    let depth_fits = match side {
+        2 => p.k == 2,
+        _ => p.k % 4 == 0 && p.k > 0,
+    };
+    if !(side == 2 || side == 4) || p.n != side || !depth_fits {
+        return Err(refuse("2x2x2 and 4x4xk (k a multiple of 4) only"));
     }
     if side == 4 && (p.trans_a != Trans::N || p.trans_b != Trans::N) {
         // A transposed 4x4 operand's rows would cross groups.
-        return Err(refuse("no transposes at 4x4x4"));
+        return Err(refuse("no transposes at 4x4xk"));
     }
-    if p.lda != side || p.ldb != side || p.ldc != side {
+    if p.lda != side || p.ldb != p.k || p.ldc != side {
         return Err(refuse(
             "contiguous matrices only (leading dimensions = the size)",
         ));
@@ -105,6 +124,7 @@ pub fn geometry(
     }
     let g = Geometry {
         side,
+        depth: p.k,
         lanes,
         per_vector,
         vectors,
@@ -125,11 +145,22 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, g: Geometry) 
     let (permutes, fmas, loads) = if g.side == 2 {
         (4.0, 2.0 + c_reads, 2.0 + c_reads)
     } else {
-        let a_loads = 4.0;
+        let depth = g.depth as f64;
+        // Beyond 4x4x4, each vector's B is gathered per four steps of k: a load and an
+        // insert (a shuffle) per further group.
+        let (b_loads, inserts) = if g.depth == 4 {
+            (vectors, 0.0)
+        } else {
+            let pieces = depth / 4.0 * vectors;
+            let groups = (g.lanes / 4) as f64;
+            (pieces * groups, pieces * (groups - 1.0))
+        };
+        // (The odd steps' sum is one more addition per vector.)
+        let sums = (g.chains() - 1) as f64;
         (
-            4.0 * vectors,
-            5.0 * vectors,
-            a_loads + vectors * (1.0 + c_reads),
+            depth * vectors + inserts,
+            (depth + c_reads + sums) * vectors,
+            depth + b_loads + vectors * c_reads,
         )
     };
     let wide = g.lanes * problem.dtype.size() == 64;
@@ -143,7 +174,16 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, g: Geometry) 
 
 /// Operations of the lowered program: the unrolled trip and the one-matrix loop.
 pub fn estimated_ops(g: Geometry, batch_unroll: usize) -> usize {
-    let group = if g.side == 2 { 11 } else { g.vectors * 12 + 4 };
+    let group = if g.side == 2 {
+        11
+    } else {
+        let b_loads = if g.depth == 4 {
+            g.vectors
+        } else {
+            g.depth / 4 * g.vectors * g.lanes / 4
+        };
+        g.depth * (1 + 2 * g.vectors) + b_loads + (2 + 2 * g.chains()) * g.vectors + 4
+    };
     (batch_unroll.max(1) + 1) * group
 }
 
@@ -176,6 +216,8 @@ pub fn plan(problem: &ColMajorProblem, target: Target) -> Option<(f64, Schedule)
 /// The registers of one vector group of C.
 struct GroupRegs {
     acc: Vec<VReg>,
+    /// The odd steps' accumulators (k > 4).
+    odd: Vec<VReg>,
     /// B's vectors; the old C after the FMAs.
     b: Vec<VReg>,
     a_loaded: VReg,
@@ -204,11 +246,13 @@ pub(crate) fn lower(
     let groups: Vec<GroupRegs> = (0..unroll)
         .map(|_| {
             let acc = (0..g.vectors).map(|_| take()).collect();
+            let odd = (0..g.vectors * (g.chains() - 1)).map(|_| take()).collect();
             let b = (0..g.vectors).map(|_| take()).collect();
             let (a_group, b_picked) = (take(), take());
             let a_loaded = if g.side == 2 { take() } else { a_group };
             GroupRegs {
                 acc,
+                odd,
                 b,
                 a_loaded,
                 a_group,
@@ -286,12 +330,15 @@ fn group(
     let [a_off, b_off, c_off] = offsets;
     let vector_bytes = g.lanes as i64 * elt;
     let negate = p.alpha == Scalar::MinusOne;
-    for (v, &b) in regs.b.iter().enumerate() {
-        out.push(Op::Load {
-            dst: b,
-            addr: at(Gpr::B, b_off + v as i64 * vector_bytes)?,
-            mask,
-        });
+    if g.side == 2 || g.depth == 4 {
+        // B is whole vectors of columns.
+        for (v, &b) in regs.b.iter().enumerate() {
+            out.push(Op::Load {
+                dst: b,
+                addr: at(Gpr::B, b_off + v as i64 * vector_bytes)?,
+                mask,
+            });
+        }
     }
     if g.side == 2 {
         out.push(Op::Load {
@@ -300,10 +347,13 @@ fn group(
             mask,
         });
     }
-    for &acc in &regs.acc {
+    for &acc in regs.acc.iter().chain(&regs.odd) {
         out.push(Op::Zero { dst: acc });
     }
-    for k in 0..g.side as u8 {
+    for k in 0..g.depth as u8 {
+        if g.side == 4 && g.depth > 4 && k % 4 == 0 {
+            gather_b(out, g, regs, b_off, elt, k as usize / 4)?;
+        }
         if g.side == 2 {
             // Column k of op(A): elements 2k, 2k+1 of A, or k, k+2 of A transposed.
             let select = match p.trans_a {
@@ -335,9 +385,14 @@ fn group(
         let select = match (g.side, p.trans_b) {
             (2, Trans::N) => [k, k, k + 2, k + 2],
             (2, Trans::T) => [2 * k, 2 * k, 2 * k + 1, 2 * k + 1],
-            _ => [k; 4],
+            _ => [k % 4; 4],
         };
-        for (&acc, &b) in regs.acc.iter().zip(&regs.b) {
+        let accs = if k % 2 == 1 && !regs.odd.is_empty() {
+            &regs.odd
+        } else {
+            &regs.acc
+        };
+        for (&acc, &b) in accs.iter().zip(&regs.b) {
             out.push(Op::Permute {
                 dst: regs.b_picked,
                 src: b,
@@ -352,10 +407,56 @@ fn group(
         }
     }
     let reads_c = p.beta != Scalar::Zero;
+    for (&acc, &odd) in regs.acc.iter().zip(&regs.odd) {
+        out.push(Op::Add {
+            dst: acc,
+            a: acc,
+            b: odd,
+        });
+    }
     for (v, (&acc, &old)) in regs.acc.iter().zip(&regs.b).enumerate() {
         let c = at(Gpr::C, c_off + v as i64 * vector_bytes)?;
         let old = reads_c.then_some((old, false));
         finish_vector(out, p.beta, acc, c, mask, old, scalars, None);
+    }
+    Ok(())
+}
+
+/// Rows 4 chunk..4 chunk + 4 of the columns of each B vector's groups (B's columns are
+/// `depth` elements apart): the first group by a load of one group's width (which clears
+/// the other lanes), the others inserted.
+fn gather_b(
+    out: &mut Vec<Op>,
+    g: Geometry,
+    regs: &GroupRegs,
+    b_off: i64,
+    elt: i64,
+    chunk: usize,
+) -> Result<(), LowerError> {
+    let groups = g.lanes / 4;
+    for (v, &b) in regs.b.iter().enumerate() {
+        for group in 0..groups {
+            let column = v * groups + group;
+            let offset = b_off + (column * g.depth + 4 * chunk) as i64 * elt;
+            let addr = Addr::new(Gpr::B, imm(offset)?);
+            let load = Op::Load {
+                dst: b,
+                addr,
+                mask: None,
+            };
+            out.push(match group {
+                0 if groups == 1 => load,
+                0 => Op::Narrow {
+                    bytes: 4 * elt as u32,
+                    body: vec![load],
+                },
+                _ => Op::InsertGroup {
+                    dst: b,
+                    addr,
+                    group: group as u8,
+                },
+            });
+        }
     }
     Ok(())
 }

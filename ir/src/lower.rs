@@ -269,6 +269,7 @@ impl Lowering<'_> {
                         | Op::Broadcast { .. }
                         | Op::BroadcastGroup { .. }
                         | Op::Permute { .. }
+                        | Op::InsertGroup { .. }
                         | Op::Fma { .. }
                         | Op::FmaBroadcast { .. }
                         | Op::FmaLane { .. }
@@ -1062,6 +1063,11 @@ fn shift_vregs(op: Op, shift: u8) -> Op {
         },
         Op::Broadcast { dst, addr } => Op::Broadcast { dst: s(dst), addr },
         Op::BroadcastGroup { dst, addr } => Op::BroadcastGroup { dst: s(dst), addr },
+        Op::InsertGroup { dst, addr, group } => Op::InsertGroup {
+            dst: s(dst),
+            addr,
+            group,
+        },
         Op::Permute { dst, src, select } => Op::Permute {
             dst: s(dst),
             src: s(src),

@@ -98,6 +98,7 @@ fn memory_operand(op: &Op) -> Option<Addr> {
         | Op::Store { addr, .. }
         | Op::Broadcast { addr, .. }
         | Op::BroadcastGroup { addr, .. }
+        | Op::InsertGroup { addr, .. }
         | Op::LoadScalar { addr, .. }
         | Op::StoreScalar { addr, .. }
         | Op::FmaBroadcast { b: addr, .. } => Some(*addr),

@@ -100,6 +100,9 @@ pub enum Op {
         src: VReg,
         select: [u8; 4],
     },
+    /// Group `group` of four lanes of dst = the four consecutive scalars at addr; dst's
+    /// other lanes keep their values (lane-packed kernels gather B's columns this way).
+    InsertGroup { dst: VReg, addr: Addr, group: u8 },
     /// Lane 0 of dst = the scalar at addr (the other lanes become zero).
     LoadScalar { dst: VReg, addr: Addr },
     /// The scalar at addr = lane 0 of src.
@@ -145,7 +148,8 @@ pub enum Op {
     /// `body`'s arithmetic (Fma, FmaBroadcast, Add, Sub, Mul) on the low `bytes` of its
     /// registers only (x86: xmm or ymm instructions in a zmm or ymm kernel): the vectors of a
     /// row block's tail, whose upper lanes hold nothing the kernel stores. Lanes of a
-    /// destination above `bytes` are undefined afterwards.
+    /// destination above `bytes` are undefined afterwards, except that an unmasked Load
+    /// reads `bytes` and clears the lanes above (lane-packed kernels gather B this way).
     Narrow { bytes: u32, body: Vec<Op> },
     /// A hint: start bringing the cache line at addr into the core's L2 cache. No effect on
     /// any value; never faults, even past the end of the batch.
@@ -205,7 +209,9 @@ impl Program {
         fn walk(ops: &[Op], times: u64, c: &mut OpCounts) {
             for op in ops {
                 match op {
-                    Op::Load { .. } | Op::LoadScalar { .. } => c.loads += times,
+                    Op::Load { .. } | Op::LoadScalar { .. } | Op::InsertGroup { .. } => {
+                        c.loads += times
+                    }
                     Op::Broadcast { .. } | Op::BroadcastGroup { .. } => c.broadcasts += times,
                     Op::Store { .. } | Op::StoreScalar { .. } => c.stores += times,
                     Op::Fma { .. } | Op::FmaLane { .. } => c.fmas += times,
@@ -308,6 +314,9 @@ impl fmt::Display for Program {
                     }
                     Op::Permute { dst, src, select } => {
                         writeln!(f, "{pad}v{} = permute4 v{} {select:?}", dst.0, src.0)?
+                    }
+                    Op::InsertGroup { dst, addr, group } => {
+                        writeln!(f, "{pad}v{}.group4[{group}] = load {addr}", dst.0)?
                     }
                     Op::LoadScalar { dst, addr } => {
                         writeln!(f, "{pad}v{} = load.scalar {addr}", dst.0)?
