@@ -421,7 +421,11 @@ impl<'a> Emitter<'a> {
             // (the lowering narrows only x86 tails).
             Op::Narrow { ref body, .. } => self.ops(body)?,
             // Lane-packed kernels are x86-only (`lane_pack::geometry` refuses NEON).
-            Op::BroadcastGroup { .. } | Op::Permute { .. } | Op::InsertGroup { .. } => {
+            Op::BroadcastGroup { .. }
+            | Op::Permute { .. }
+            | Op::InsertGroup { .. }
+            | Op::Indices { .. }
+            | Op::PermuteVar { .. } => {
                 return Err(EmitError::Unsupported("lane-packed kernels"));
             }
             Op::Broadcast { dst, addr } => {

@@ -197,6 +197,8 @@ pub(crate) struct Emitter<'a> {
     narrow_forms: [Option<Forms>; 2],
     /// AVX2 tail masks: (label of the constant, enabled lanes).
     mask_constants: Vec<(Label, u32)>,
+    /// Index vectors of full permutes, as bytes (zero-extended by the load).
+    index_constants: Vec<(Label, [u8; 16])>,
 }
 
 impl<'a> Emitter<'a> {
@@ -212,6 +214,7 @@ impl<'a> Emitter<'a> {
             forms: forms(isa, program.dtype, program.lanes * program.dtype.size())?,
             narrow_forms: [None; 2],
             mask_constants: Vec::new(),
+            index_constants: Vec::new(),
         })
     }
 
@@ -292,6 +295,10 @@ impl<'a> Emitter<'a> {
                     Dtype::F32 | Dtype::F16 => self.asm.bytes(&[if on { 0xFF } else { 0 }; 4]),
                 }
             }
+        }
+        for &(label, indices) in &self.index_constants {
+            self.asm.bind(label);
+            self.asm.bytes(&indices);
         }
         let bytes = self
             .asm
@@ -405,6 +412,12 @@ impl<'a> Emitter<'a> {
         })
     }
 
+    /// Full permutes (`Indices`, `PermuteVar`) exist for 512-bit f32 vectors only: the one
+    /// kernel that uses them is lane-packed 3x3x3 f32.
+    fn full_permutes(&self) -> bool {
+        self.isa == Isa::Avx512 && self.program.dtype == Dtype::F32 && self.program.lanes == 16
+    }
+
     fn narrow_forms(&mut self, bytes: usize) -> Result<Forms, EmitError> {
         let slot = match bytes {
             16 => 0,
@@ -473,6 +486,29 @@ impl<'a> Emitter<'a> {
                 let imm = permute_imm(select)?;
                 self.asm
                     .vec_imm8(form, dst, 0, Rm::Reg(src), Evex::default(), imm);
+            }
+            Op::Indices { dst, indices } => {
+                if !self.full_permutes() {
+                    return Err(EmitError::Unsupported(
+                        "this width of full permute",
+                        self.isa,
+                    ));
+                }
+                let r = self.v(dst)?;
+                // The constant goes after the code; `finish` binds its label.
+                let label = self.asm.new_label();
+                self.index_constants.push((label, indices));
+                self.asm.vec_rip(enc::EVEX_VPMOVZXBD_ZMM_M128, r, label);
+            }
+            Op::PermuteVar { dst, index, src } => {
+                if !self.full_permutes() {
+                    return Err(EmitError::Unsupported(
+                        "this width of full permute",
+                        self.isa,
+                    ));
+                }
+                let (dst, index, src) = (self.v(dst)?, self.v(index)?, self.v(src)?);
+                self.vec(enc::EVEX_VPERMPS_ZMM, dst, index, Rm::Reg(src));
             }
             Op::InsertGroup { dst, addr, group } => {
                 let bytes = self.program.lanes * dtype.size();

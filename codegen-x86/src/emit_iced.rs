@@ -1,7 +1,7 @@
 //! The iced-x86 code path this crate used before `encode.rs`: Program → iced `Instruction`s →
 //! CodeAssembler. Test-only, as the oracle the direct encoder must match byte for byte.
 
-use iced_x86::code_asm::registers::{xmm as xmm_regs, ymm};
+use iced_x86::code_asm::registers::{xmm as xmm_regs, ymm, zmm};
 use iced_x86::code_asm::{xmmword_ptr, ymmword_ptr, CodeAssembler, CodeLabel};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Trips, VReg};
@@ -212,6 +212,8 @@ pub(crate) struct Emitter<'a> {
     width: usize,
     /// AVX2 tail masks: (label of the constant, vector register, enabled lanes).
     mask_constants: Vec<(CodeLabel, u32)>,
+    /// Index vectors of full permutes, as bytes (zero-extended by the load).
+    index_constants: Vec<(CodeLabel, [u8; 16])>,
 }
 
 impl<'a> Emitter<'a> {
@@ -227,6 +229,7 @@ impl<'a> Emitter<'a> {
             forms: forms(isa, program.dtype, program.lanes * program.dtype.size())?,
             width: program.lanes * program.dtype.size(),
             mask_constants: Vec::new(),
+            index_constants: Vec::new(),
         })
     }
 
@@ -326,6 +329,10 @@ impl<'a> Emitter<'a> {
                     .collect::<Vec<_>>())?,
             }
         }
+        for (mut label, indices) in std::mem::take(&mut self.index_constants) {
+            self.asm.set_label(&mut label)?;
+            self.asm.db(&indices)?;
+        }
         let result = self.asm.assemble_options(
             0,
             iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
@@ -360,6 +367,11 @@ impl<'a> Emitter<'a> {
             broadcast,
             Register::None,
         ))
+    }
+
+    /// As the fast emitter: full permutes for 512-bit f32 vectors only.
+    fn full_permutes(&self) -> bool {
+        self.isa == Isa::Avx512 && self.program.dtype == Dtype::F32 && self.program.lanes == 16
     }
 
     fn v(&self, r: smallgemm_ir::VReg) -> Result<Register, EmitError> {
@@ -530,6 +542,28 @@ impl<'a> Emitter<'a> {
                     .fold(0u32, |imm, (i, &t)| imm | (t as u32) << (2 * i));
                 let i = Instruction::with3(code, self.v(dst)?, self.v(src)?, imm)?;
                 self.add(i)?;
+            }
+            Op::Indices { dst, indices } => {
+                let r = zmm::get_zmm(self.v(dst)?)
+                    .filter(|_| self.full_permutes())
+                    .ok_or(EmitError::Unsupported(
+                        "this width of full permute",
+                        self.isa,
+                    ))?;
+                let label = self.asm.create_label();
+                self.index_constants.push((label, indices));
+                self.asm.vpmovzxbd(r, xmmword_ptr(label))?;
+            }
+            Op::PermuteVar { dst, index, src } => {
+                if !self.full_permutes() {
+                    return Err(EmitError::Unsupported(
+                        "this width of full permute",
+                        self.isa,
+                    ));
+                }
+                let (dst, index, src) = (self.v(dst)?, self.v(index)?, self.v(src)?);
+                let code = Code::EVEX_Vpermps_zmm_k1z_zmm_zmmm512b32;
+                self.add(Instruction::with3(code, dst, index, src)?)?;
             }
             Op::InsertGroup { dst, addr, group } => {
                 let bytes = self.program.lanes * dtype.size();

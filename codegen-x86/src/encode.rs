@@ -187,6 +187,10 @@ pub(crate) const EVEX_VBROADCASTF64X4_ZMM_M256: VForm = evex(2, 1, true, 2, 0x1B
 /// imm8` (lane-packed kernels, map 0F3A).
 pub(crate) const EVEX_VINSERTF32X4_ZMM_M128: VForm = evex(3, 1, false, 2, 0x18, 16);
 pub(crate) const EVEX_VINSERTF64X4_ZMM_M256: VForm = evex(3, 1, true, 2, 0x1A, 32);
+/// Full permutes by an index vector (`op dst, index, src`), and the index vector from 16
+/// bytes zero-extended to dwords (lane-packed 3x3x3, map 0F38).
+pub(crate) const EVEX_VPERMPS_ZMM: VForm = evex(2, 1, false, 2, 0x16, 64);
+pub(crate) const EVEX_VPMOVZXBD_ZMM_M128: VForm = evex(2, 1, false, 2, 0x31, 16);
 
 /// The EVEX operand extras: opmask, zeroing, embedded broadcast.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -510,11 +514,17 @@ impl Assembler {
 
     /// A VEX instruction with a RIP-relative memory operand at `label`.
     pub(crate) fn vec_rip(&mut self, f: VForm, reg: u8, label: Label) {
-        debug_assert!(!f.evex && reg < 16);
+        debug_assert!(f.evex || reg < 16);
         let r = (reg >> 3) & 1;
         // vvvv unused: 1111.
         let tail = 0x78 | (f.l << 2) | f.pp;
-        if f.map == 1 && !f.w {
+        if f.evex {
+            // No index or base register: X and B set (inverted); V' set; no mask.
+            let r2 = (reg >> 4) & 1;
+            let p0 = ((r ^ 1) << 7) | 0x60 | ((r2 ^ 1) << 4) | f.map;
+            let p1 = ((f.w as u8) << 7) | 0x78 | 0x04 | f.pp;
+            self.put(&[0x62, p0, p1, (f.l << 5) | 0x08, f.opcode]);
+        } else if f.map == 1 && !f.w {
             self.put(&[0xC5, ((r ^ 1) << 7) | tail, f.opcode]);
         } else {
             let b1 = ((r ^ 1) << 7) | 0x60 | f.map;

@@ -1,7 +1,7 @@
 //! Differential tests: the direct encoder against iced-x86, form by form over every
 //! register, many bases and displacements, and whole kernels against the old iced path.
 
-use iced_x86::code_asm::{ymmword_ptr, CodeAssembler};
+use iced_x86::code_asm::{xmmword_ptr, ymmword_ptr, CodeAssembler};
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, Register};
 use smallgemm_ir::{
     lower, plan, Dtype, GemmSpec, GemmSpecBuilder, Isa, Layout, Scalar, Schedule, Target, Trans,
@@ -817,6 +817,18 @@ fn table() -> Vec<Row> {
             zmm,
         ),
         (
+            enc::EVEX_VPMOVZXBD_ZMM_M128,
+            Code::EVEX_Vpmovzxbd_zmm_k1z_xmmm128,
+            Load,
+            zmm,
+        ),
+        (
+            enc::EVEX_VPERMPS_ZMM,
+            Code::EVEX_Vpermps_zmm_k1z_zmm_zmmm512b32,
+            Rrr,
+            zmm,
+        ),
+        (
             enc::VEX_VINSERTF128_YMM_M128,
             Code::VEX_Vinsertf128_ymm_ymm_xmmm128_imm8,
             RrmImm,
@@ -1171,6 +1183,13 @@ fn branches_and_rip_match_iced() {
                     ia.vmovdqu(iced_x86::code_asm::ymm3, ymmword_ptr(iconst))
                         .unwrap();
                     ca.vec_rip(enc::VEX_VMOVDQU_YMM_M256, 3, cconst);
+                    // EVEX, registers above 15 (index vectors of full permutes).
+                    for r in [0u8, 9, 17, 31] {
+                        let z = zmm(r);
+                        let z = iced_x86::code_asm::registers::zmm::get_zmm(z).unwrap();
+                        ia.vpmovzxbd(z, xmmword_ptr(iconst)).unwrap();
+                        ca.vec_rip(enc::EVEX_VPMOVZXBD_ZMM_M128, r, cconst);
+                    }
                 }
                 ia.db(&vec![0x90; inner]).unwrap();
                 ca.bytes(&vec![0x90; inner]);

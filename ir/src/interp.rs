@@ -243,6 +243,28 @@ impl<T: Element> Machine<'_, T> {
                 }
                 self.set(op, *dst, v)?;
             }
+            Op::Indices { dst, indices } => {
+                let mut v = [T::default(); MAX_LANES];
+                for (lane, &i) in v.iter_mut().zip(indices).take(lanes) {
+                    *lane = T::from_f64(i as f64);
+                }
+                self.set(op, *dst, v)?;
+            }
+            Op::PermuteVar { dst, index, src } => {
+                let (index, x) = (self.get(op, *index)?, self.get(op, *src)?);
+                let mut v = [T::default(); MAX_LANES];
+                for (lane, i) in v.iter_mut().zip(index).take(lanes) {
+                    let i = i.to_f64() as usize;
+                    if i >= lanes {
+                        return Err(InterpError::Undefined {
+                            op: format!("{op:?}"),
+                            what: format!("lane {i} of a {lanes}-lane vector"),
+                        });
+                    }
+                    *lane = x[i];
+                }
+                self.set(op, *dst, v)?;
+            }
             Op::InsertGroup { dst, addr, group } => {
                 let first = 4 * *group as usize;
                 if lanes % 4 != 0 || first + 4 > lanes {

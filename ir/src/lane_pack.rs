@@ -1,5 +1,6 @@
-//! Lane-packed kernels for 2x2x2 and 4x4xk, k a multiple of 4 (`Schedule::lane_pack`): the
-//! CPU analogue of the papers' aggregation of tiny problems, as an in-register interleaving.
+//! Lane-packed kernels for 2x2x2, 3x3x3 and 4x4xk, k a multiple of 4 (`Schedule::lane_pack`):
+//! the CPU analogue of the papers' aggregation of tiny problems, as an in-register
+//! interleaving.
 //!
 //! A register-blocked kernel spends a whole vector (mostly empty) per column of a 2x2 C and
 //! a broadcast per element of B; its k steps are a latency chain of 2 or 4 FMAs. Here every
@@ -16,6 +17,14 @@
 //! For k > 4 the B vector of each four steps of k (rows 4c..4c+4 of the columns of its
 //! groups) is gathered by a load of its first group and inserts of the others
 //! (`vinsertf32x4` / `vinsertf64x4` / `vinsertf128` from memory).
+//!
+//! 3x3x3 (f32, 512-bit vectors): the whole C, nine lanes in its own column-major order, is
+//! one vector, and so are A and B (masked loads of nine lanes); each step of k permutes A's
+//! column k and B's row k into C's layout with `vpermps` by constant index vectors:
+//!
+//! ```text
+//! 3x3: C  = Σk  A[index_a(k)] ⊙ B[index_b(k)],  lane r + 3j: op(A)[r, k] and op(B)[k, j]
+//! ```
 //! 2x2 operands may be transposed (other selections); 4x4 ones may not (a row crosses
 //! groups). Matrices must be contiguous (leading dimensions = the size); for several matrices per
 //! vector the batch must be packed (strides = 4 elements). A batch whose length is not a
@@ -58,9 +67,19 @@ impl Geometry {
     }
 
     /// Vector registers of one vector group of C: accumulators, B, the repeated A column,
-    /// the permuted B, and for 2x2 the loaded A.
+    /// the permuted B, and for 2x2 and 3x3 the loaded A.
     fn registers_per_group(&self) -> usize {
-        (1 + self.chains()) * self.vectors + 2 + (self.side == 2) as usize
+        (1 + self.chains()) * self.vectors + 2 + (self.side != 4) as usize
+    }
+
+    /// Index vectors shared by every group: 3x3's permutes of A and B for each step of k,
+    /// and the one that brings C's lane 8 to lane 0.
+    fn index_registers(&self) -> usize {
+        if self.side == 3 {
+            2 * self.depth + 1
+        } else {
+            0
+        }
     }
 }
 
@@ -85,11 +104,11 @@ pub fn geometry(
     }
     let side = p.m;
     let depth_fits = match side {
-        2 => p.k == 2,
+        2 | 3 => p.k == side,
         _ => p.k % 4 == 0 && p.k > 0,
     };
-    if !(side == 2 || side == 4) || p.n != side || !depth_fits {
-        return Err(refuse("2x2x2 and 4x4xk (k a multiple of 4) only"));
+    if !(2..=4).contains(&side) || p.n != side || !depth_fits {
+        return Err(refuse("2x2x2, 3x3x3 and 4x4xk (k a multiple of 4) only"));
     }
     if side == 4 && (p.trans_a != Trans::N || p.trans_b != Trans::N) {
         // A transposed 4x4 operand's rows would cross groups.
@@ -111,11 +130,16 @@ pub fn geometry(
     if lanes < 4 {
         return Err(refuse("vectors of at least four lanes"));
     }
+    if side == 3 && (p.dtype != Dtype::F32 || target.isa != Isa::Avx512 || lanes != 16) {
+        return Err(refuse(
+            "3x3x3 in 512-bit f32 vectors only (full permutes of nine lanes)",
+        ));
+    }
     let elements = side * side;
-    let (per_vector, vectors) = if side == 2 {
-        (lanes / 4, 1)
-    } else {
-        (1, elements / lanes.min(elements))
+    let (per_vector, vectors) = match side {
+        2 => (lanes / 4, 1),
+        3 => (1, 1),
+        _ => (1, elements / lanes.min(elements)),
     };
     if per_vector > 1 && [p.stride_a, p.stride_b, p.stride_c] != [elements; 3] {
         return Err(refuse(
@@ -131,7 +155,7 @@ pub fn geometry(
     };
     let scalars = p.alpha.is_general() as usize + p.beta.is_general() as usize;
     registers_fit(
-        schedule.batch_unroll.max(1) * g.registers_per_group() + scalars,
+        schedule.batch_unroll.max(1) * g.registers_per_group() + g.index_registers() + scalars,
         target,
     )?;
     Ok(g)
@@ -144,6 +168,8 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, g: Geometry) 
     let vectors = g.vectors as f64;
     let (permutes, fmas, loads) = if g.side == 2 {
         (4.0, 2.0 + c_reads, 2.0 + c_reads)
+    } else if g.side == 3 {
+        (6.0, 3.0 + c_reads, 2.0 + c_reads)
     } else {
         let depth = g.depth as f64;
         // Beyond 4x4x4, each vector's B is gathered per four steps of k: a load and an
@@ -176,6 +202,8 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, g: Geometry) 
 pub fn estimated_ops(g: Geometry, batch_unroll: usize) -> usize {
     let group = if g.side == 2 {
         11
+    } else if g.side == 3 {
+        17
     } else {
         let b_loads = if g.depth == 4 {
             g.vectors
@@ -184,7 +212,7 @@ pub fn estimated_ops(g: Geometry, batch_unroll: usize) -> usize {
         };
         g.depth * (1 + 2 * g.vectors) + b_loads + (2 + 2 * g.chains()) * g.vectors + 4
     };
-    (batch_unroll.max(1) + 1) * group
+    (batch_unroll.max(1) + 1) * group + g.index_registers()
 }
 
 /// The lane-packed schedule for `problem` on `target`, widest vectors first, with its
@@ -223,6 +251,8 @@ struct GroupRegs {
     a_loaded: VReg,
     a_group: VReg,
     b_picked: VReg,
+    /// 3x3: the index vectors of A's and then B's permutes, by step of k (shared).
+    index: Vec<VReg>,
 }
 
 /// Lowers a lane-packed schedule (see the module's text).
@@ -243,13 +273,14 @@ pub(crate) fn lower(
         beta: p.beta.is_general().then(&mut take),
     };
     let unroll = schedule.batch_unroll.max(1);
+    let index: Vec<VReg> = (0..g.index_registers()).map(|_| take()).collect();
     let groups: Vec<GroupRegs> = (0..unroll)
         .map(|_| {
             let acc = (0..g.vectors).map(|_| take()).collect();
             let odd = (0..g.vectors * (g.chains() - 1)).map(|_| take()).collect();
             let b = (0..g.vectors).map(|_| take()).collect();
             let (a_group, b_picked) = (take(), take());
-            let a_loaded = if g.side == 2 { take() } else { a_group };
+            let a_loaded = if g.side == 4 { a_group } else { take() };
             GroupRegs {
                 acc,
                 odd,
@@ -257,6 +288,7 @@ pub(crate) fn lower(
                 a_loaded,
                 a_group,
                 b_picked,
+                index: index.clone(),
             }
         })
         .collect();
@@ -267,6 +299,19 @@ pub(crate) fn lower(
     let params = spill_scalars(p, &mut ops);
     scalars.load(&mut ops);
     let mut masks = Vec::new();
+    // 3x3: nine lanes of every load and store.
+    let whole = (g.side == 3).then_some(Mask(0));
+    if let Some(mask) = whole {
+        for (mask, lanes) in [(mask, 9), (EIGHT_LANES, 8)] {
+            masks.push(MaskDecl {
+                mask,
+                lanes,
+                vreg: None,
+            });
+            ops.push(Op::SetMask { mask, lanes });
+        }
+        ops.extend(index_vectors(p, &index));
+    }
 
     let per_trip = unroll * g.per_vector;
     if per_trip >= 2 {
@@ -274,7 +319,7 @@ pub(crate) fn lower(
         for (i, regs) in groups.iter().enumerate() {
             let first = (i * g.per_vector) as i64;
             let offsets = strides.map(|s| s * first);
-            group(&mut body, p, g, regs, offsets, None, scalars)?;
+            group(&mut body, p, g, regs, offsets, whole, scalars)?;
         }
         advance_bases(&mut body, strides, per_trip)?;
         ops.push(Op::Loop {
@@ -294,7 +339,7 @@ pub(crate) fn lower(
         ops.insert(0, Op::SetMask { mask, lanes: 4 });
     }
     let mut body = Vec::new();
-    group(&mut body, p, g, &groups[0], [0; 3], mask, scalars)?;
+    group(&mut body, p, g, &groups[0], [0; 3], mask.or(whole), scalars)?;
     advance_bases(&mut body, strides, 1)?;
     ops.push(Op::Loop {
         counter: Gpr::BATCH,
@@ -330,7 +375,7 @@ fn group(
     let [a_off, b_off, c_off] = offsets;
     let vector_bytes = g.lanes as i64 * elt;
     let negate = p.alpha == Scalar::MinusOne;
-    if g.side == 2 || g.depth == 4 {
+    if g.side != 4 || g.depth == 4 {
         // B is whole vectors of columns.
         for (v, &b) in regs.b.iter().enumerate() {
             out.push(Op::Load {
@@ -340,7 +385,7 @@ fn group(
             });
         }
     }
-    if g.side == 2 {
+    if g.side != 4 {
         out.push(Op::Load {
             dst: regs.a_loaded,
             addr: at(Gpr::A, a_off)?,
@@ -351,6 +396,29 @@ fn group(
         out.push(Op::Zero { dst: acc });
     }
     for k in 0..g.depth as u8 {
+        if g.side == 3 {
+            let (acc, b) = (regs.acc[0], regs.b[0]);
+            let [index_a, index_b] = [0, 3].map(|first| regs.index[first + k as usize]);
+            out.extend([
+                Op::PermuteVar {
+                    dst: regs.a_group,
+                    index: index_a,
+                    src: regs.a_loaded,
+                },
+                Op::PermuteVar {
+                    dst: regs.b_picked,
+                    index: index_b,
+                    src: b,
+                },
+                Op::Fma {
+                    acc,
+                    a: regs.a_group,
+                    b: regs.b_picked,
+                    negate,
+                },
+            ]);
+            continue;
+        }
         if g.side == 4 && g.depth > 4 && k % 4 == 0 {
             gather_b(out, g, regs, b_off, elt, k as usize / 4)?;
         }
@@ -419,8 +487,37 @@ fn group(
         let old = reads_c.then_some((old, false));
         finish_vector(out, p.beta, acc, c, mask, old, scalars, None);
     }
+    if g.side == 3 {
+        // A masked store of nine lanes blocks the next matrix's loads of C, which overlap
+        // its 64 bytes (no forwarding past a masked store; measured, 3x3x3 ran at half the
+        // speed of the 1x3 block): lanes 0..8 go as a plain 32-byte store, lane 8 alone.
+        // (finish_vector ends with that store; were it not last, the masked store stays.)
+        let Some(&Op::Store { addr, src, .. }) = out.last() else {
+            return Ok(());
+        };
+        out.pop();
+        out.extend([
+            Op::Store {
+                addr,
+                src,
+                mask: Some(EIGHT_LANES),
+            },
+            Op::PermuteVar {
+                dst: regs.a_group,
+                index: regs.index[6],
+                src,
+            },
+            Op::StoreScalar {
+                addr: at(Gpr::C, c_off + 8 * elt)?,
+                src: regs.a_group,
+            },
+        ]);
+    }
     Ok(())
 }
+
+/// 3x3x3: the mask of C's first eight lanes (stored as a plain 32-byte move).
+const EIGHT_LANES: Mask = Mask(1);
 
 /// Rows 4 chunk..4 chunk + 4 of the columns of each B vector's groups (B's columns are
 /// `depth` elements apart): the first group by a load of one group's width (which clears
@@ -459,4 +556,43 @@ fn gather_b(
         }
     }
     Ok(())
+}
+
+/// 3x3x3: the index vectors of the permutes that bring op(A)[r, k] and op(B)[k, j] to lane
+/// r + 3j (C's column-major order), for each step k: A's first, then B's.
+fn index_vectors(p: &ColMajorProblem, index: &[VReg]) -> Vec<Op> {
+    let table = |f: &dyn Fn(u8, u8) -> u8| {
+        let mut indices = [0u8; 16];
+        for (lane, slot) in indices.iter_mut().enumerate().take(9) {
+            *slot = f(lane as u8 % 3, lane as u8 / 3);
+        }
+        indices
+    };
+    let mut ops = Vec::new();
+    for k in 0..3u8 {
+        // Element (row, col) of a 3x3 column-major matrix is at row + 3 col.
+        let a = table(&|r, _| match p.trans_a {
+            Trans::N => r + 3 * k,
+            Trans::T => 3 * r + k,
+        });
+        let b = table(&|_, j| match p.trans_b {
+            Trans::N => k + 3 * j,
+            Trans::T => 3 * k + j,
+        });
+        ops.push(Op::Indices {
+            dst: index[k as usize],
+            indices: a,
+        });
+        ops.push(Op::Indices {
+            dst: index[3 + k as usize],
+            indices: b,
+        });
+    }
+    let mut lane_8 = [0; 16];
+    lane_8[0] = 8;
+    ops.push(Op::Indices {
+        dst: index[6],
+        indices: lane_8,
+    });
+    ops
 }

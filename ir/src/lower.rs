@@ -270,6 +270,7 @@ impl Lowering<'_> {
                         | Op::BroadcastGroup { .. }
                         | Op::Permute { .. }
                         | Op::InsertGroup { .. }
+                        | Op::PermuteVar { .. }
                         | Op::Fma { .. }
                         | Op::FmaBroadcast { .. }
                         | Op::FmaLane { .. }
@@ -1063,6 +1064,15 @@ fn shift_vregs(op: Op, shift: u8) -> Op {
         },
         Op::Broadcast { dst, addr } => Op::Broadcast { dst: s(dst), addr },
         Op::BroadcastGroup { dst, addr } => Op::BroadcastGroup { dst: s(dst), addr },
+        Op::Indices { dst, indices } => Op::Indices {
+            dst: s(dst),
+            indices,
+        },
+        Op::PermuteVar { dst, index, src } => Op::PermuteVar {
+            dst: s(dst),
+            index: s(index),
+            src: s(src),
+        },
         Op::InsertGroup { dst, addr, group } => Op::InsertGroup {
             dst: s(dst),
             addr,

@@ -110,6 +110,8 @@ fn memory_operand(op: &Op) -> Option<Addr> {
         | Op::Zero { .. }
         | Op::Fma { .. }
         | Op::Permute { .. }
+        | Op::PermuteVar { .. }
+        | Op::Indices { .. }
         | Op::FmaLane { .. }
         | Op::Add { .. }
         | Op::Sub { .. }

@@ -100,6 +100,11 @@ pub enum Op {
         src: VReg,
         select: [u8; 4],
     },
+    /// Lane i of dst = the index `indices[i]`, for `PermuteVar` (a constant of the kernel;
+    /// lanes beyond the vector's are ignored).
+    Indices { dst: VReg, indices: [u8; 16] },
+    /// Lane i of dst = lane `index[i]` of src, across the whole vector (lane-packed 3x3x3).
+    PermuteVar { dst: VReg, index: VReg, src: VReg },
     /// Group `group` of four lanes of dst = the four consecutive scalars at addr; dst's
     /// other lanes keep their values (lane-packed kernels gather B's columns this way).
     InsertGroup { dst: VReg, addr: Addr, group: u8 },
@@ -317,6 +322,12 @@ impl fmt::Display for Program {
                     }
                     Op::InsertGroup { dst, addr, group } => {
                         writeln!(f, "{pad}v{}.group4[{group}] = load {addr}", dst.0)?
+                    }
+                    Op::Indices { dst, indices } => {
+                        writeln!(f, "{pad}v{} = indices {indices:?}", dst.0)?
+                    }
+                    Op::PermuteVar { dst, index, src } => {
+                        writeln!(f, "{pad}v{} = v{}[v{}]", dst.0, src.0, index.0)?
                     }
                     Op::LoadScalar { dst, addr } => {
                         writeln!(f, "{pad}v{} = load.scalar {addr}", dst.0)?

@@ -231,7 +231,7 @@ fn prefetching_kernels_avx2() {
     prefetching(Isa::Avx2)
 }
 
-/// Lane-packed kernels (2x2x2 and 4x4xk, `Schedule::lane_pack`): every vector width they
+/// Lane-packed kernels (2x2x2, 3x3x3 and 4x4xk, `Schedule::lane_pack`): every vector width they
 /// run at, one to three vector groups per trip, batch lengths that leave every remainder,
 /// each scalar kind, row-major specs, and gaps between the matrices (whose sentinels catch
 /// stray writes) wherever one vector holds at most one matrix.
@@ -246,7 +246,7 @@ fn lane_packed(isa: Isa) {
     ];
     let (mut seed, mut kernels) = (300_000, 0);
     for dtype in [Dtype::F64, Dtype::F32] {
-        for (side, depth) in [(2, 2), (4, 4), (4, 8), (4, 12), (4, 32)] {
+        for (side, depth) in [(2, 2), (3, 3), (4, 4), (4, 8), (4, 12), (4, 32)] {
             for (i, &(alpha, beta)) in scalars.iter().enumerate() {
                 for gap in [0, 3] {
                     let layout = if i == 1 {
@@ -273,8 +273,10 @@ fn lane_packed(isa: Isa) {
                     let problem = spec.col_major();
                     let Some((_, packed)) = smallgemm_ir::lane_pack::plan(&problem, target) else {
                         let transposed = problem.trans_a == Trans::T || problem.trans_b == Trans::T;
+                        // 3x3x3 needs 512-bit full permutes of f32.
+                        let no_3x3 = isa != Isa::Avx512 || dtype != Dtype::F32;
                         assert!(
-                            gap > 0 || (side == 4 && transposed),
+                            gap > 0 || (side == 4 && transposed) || (side == 3 && no_3x3),
                             "{} is not lane-packed on {target}",
                             spec.name()
                         );
@@ -318,7 +320,7 @@ fn lane_packed(isa: Isa) {
     }
     // f64 2x2 at 16 bytes, packed batches of several matrices per vector with gaps, and
     // unrolls beyond the registers are refused; everything else runs.
-    let expected = if isa == Isa::Avx512 { 190 } else { 85 };
+    let expected = if isa == Isa::Avx512 { 200 } else { 85 };
     assert!(
         kernels >= expected,
         "only {kernels} lane-packed kernels on {target}"
