@@ -197,7 +197,8 @@ pub(crate) struct Emitter<'a> {
     narrow_forms: [Option<Forms>; 2],
     /// AVX2 tail masks: (label of the constant, enabled lanes).
     mask_constants: Vec<(Label, u32)>,
-    /// Index vectors of full permutes, as bytes (zero-extended by the load).
+    /// Index vectors of full permutes, as bytes (zero-extended by the load; f64 uses the
+    /// first eight).
     index_constants: Vec<(Label, [u8; 16])>,
 }
 
@@ -296,9 +297,10 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
+        let index_bytes = program.lanes.min(16);
         for &(label, indices) in &self.index_constants {
             self.asm.bind(label);
-            self.asm.bytes(&indices);
+            self.asm.bytes(&indices[..index_bytes]);
         }
         let bytes = self
             .asm
@@ -412,10 +414,14 @@ impl<'a> Emitter<'a> {
         })
     }
 
-    /// Full permutes (`Indices`, `PermuteVar`) exist for 512-bit f32 vectors only: the one
-    /// kernel that uses them is lane-packed 3x3x3 f32.
+    /// Full permutes (`Indices`, `PermuteVar`) exist for 512-bit f32 and f64 vectors only:
+    /// the kernels that use them are lane-packed 3x3x3.
     fn full_permutes(&self) -> bool {
-        self.isa == Isa::Avx512 && self.program.dtype == Dtype::F32 && self.program.lanes == 16
+        self.isa == Isa::Avx512
+            && matches!(
+                (self.program.dtype, self.program.lanes),
+                (Dtype::F32, 16) | (Dtype::F64, 8)
+            )
     }
 
     fn narrow_forms(&mut self, bytes: usize) -> Result<Forms, EmitError> {
@@ -498,7 +504,11 @@ impl<'a> Emitter<'a> {
                 // The constant goes after the code; `finish` binds its label.
                 let label = self.asm.new_label();
                 self.index_constants.push((label, indices));
-                self.asm.vec_rip(enc::EVEX_VPMOVZXBD_ZMM_M128, r, label);
+                let form = match dtype {
+                    Dtype::F64 => enc::EVEX_VPMOVZXBQ_ZMM_M64,
+                    _ => enc::EVEX_VPMOVZXBD_ZMM_M128,
+                };
+                self.asm.vec_rip(form, r, label);
             }
             Op::PermuteVar { dst, index, src } => {
                 if !self.full_permutes() {
@@ -508,7 +518,11 @@ impl<'a> Emitter<'a> {
                     ));
                 }
                 let (dst, index, src) = (self.v(dst)?, self.v(index)?, self.v(src)?);
-                self.vec(enc::EVEX_VPERMPS_ZMM, dst, index, Rm::Reg(src));
+                let form = match dtype {
+                    Dtype::F64 => enc::EVEX_VPERMPD_ZMM,
+                    _ => enc::EVEX_VPERMPS_ZMM,
+                };
+                self.vec(form, dst, index, Rm::Reg(src));
             }
             Op::InsertGroup { dst, addr, group } => {
                 let bytes = self.program.lanes * dtype.size();

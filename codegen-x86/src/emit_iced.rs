@@ -2,7 +2,7 @@
 //! CodeAssembler. Test-only, as the oracle the direct encoder must match byte for byte.
 
 use iced_x86::code_asm::registers::{xmm as xmm_regs, ymm, zmm};
-use iced_x86::code_asm::{xmmword_ptr, ymmword_ptr, CodeAssembler, CodeLabel};
+use iced_x86::code_asm::{qword_ptr, xmmword_ptr, ymmword_ptr, CodeAssembler, CodeLabel};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Trips, VReg};
 
@@ -329,9 +329,10 @@ impl<'a> Emitter<'a> {
                     .collect::<Vec<_>>())?,
             }
         }
+        let index_bytes = program.lanes.min(16);
         for (mut label, indices) in std::mem::take(&mut self.index_constants) {
             self.asm.set_label(&mut label)?;
-            self.asm.db(&indices)?;
+            self.asm.db(&indices[..index_bytes])?;
         }
         let result = self.asm.assemble_options(
             0,
@@ -369,9 +370,13 @@ impl<'a> Emitter<'a> {
         ))
     }
 
-    /// As the fast emitter: full permutes for 512-bit f32 vectors only.
+    /// As the fast emitter: full permutes for 512-bit f32 and f64 vectors only.
     fn full_permutes(&self) -> bool {
-        self.isa == Isa::Avx512 && self.program.dtype == Dtype::F32 && self.program.lanes == 16
+        self.isa == Isa::Avx512
+            && matches!(
+                (self.program.dtype, self.program.lanes),
+                (Dtype::F32, 16) | (Dtype::F64, 8)
+            )
     }
 
     fn v(&self, r: smallgemm_ir::VReg) -> Result<Register, EmitError> {
@@ -552,7 +557,10 @@ impl<'a> Emitter<'a> {
                     ))?;
                 let label = self.asm.create_label();
                 self.index_constants.push((label, indices));
-                self.asm.vpmovzxbd(r, xmmword_ptr(label))?;
+                match dtype {
+                    Dtype::F64 => self.asm.vpmovzxbq(r, qword_ptr(label))?,
+                    _ => self.asm.vpmovzxbd(r, xmmword_ptr(label))?,
+                }
             }
             Op::PermuteVar { dst, index, src } => {
                 if !self.full_permutes() {
@@ -562,7 +570,10 @@ impl<'a> Emitter<'a> {
                     ));
                 }
                 let (dst, index, src) = (self.v(dst)?, self.v(index)?, self.v(src)?);
-                let code = Code::EVEX_Vpermps_zmm_k1z_zmm_zmmm512b32;
+                let code = match dtype {
+                    Dtype::F64 => Code::EVEX_Vpermpd_zmm_k1z_zmm_zmmm512b64,
+                    _ => Code::EVEX_Vpermps_zmm_k1z_zmm_zmmm512b32,
+                };
                 self.add(Instruction::with3(code, dst, index, src)?)?;
             }
             Op::InsertGroup { dst, addr, group } => {

@@ -191,6 +191,8 @@ pub(crate) const EVEX_VINSERTF64X4_ZMM_M256: VForm = evex(3, 1, true, 2, 0x1A, 3
 /// bytes zero-extended to dwords (lane-packed 3x3x3, map 0F38).
 pub(crate) const EVEX_VPERMPS_ZMM: VForm = evex(2, 1, false, 2, 0x16, 64);
 pub(crate) const EVEX_VPMOVZXBD_ZMM_M128: VForm = evex(2, 1, false, 2, 0x31, 16);
+pub(crate) const EVEX_VPERMPD_ZMM: VForm = evex(2, 1, true, 2, 0x16, 64);
+pub(crate) const EVEX_VPMOVZXBQ_ZMM_M64: VForm = evex(2, 1, false, 2, 0x32, 8);
 
 /// The EVEX operand extras: opmask, zeroing, embedded broadcast.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! Differential tests: the direct encoder against iced-x86, form by form over every
 //! register, many bases and displacements, and whole kernels against the old iced path.
 
-use iced_x86::code_asm::{xmmword_ptr, ymmword_ptr, CodeAssembler};
+use iced_x86::code_asm::{qword_ptr, xmmword_ptr, ymmword_ptr, CodeAssembler};
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, Register};
 use smallgemm_ir::{
     lower, plan, Dtype, GemmSpec, GemmSpecBuilder, Isa, Layout, Scalar, Schedule, Target, Trans,
@@ -829,6 +829,18 @@ fn table() -> Vec<Row> {
             zmm,
         ),
         (
+            enc::EVEX_VPERMPD_ZMM,
+            Code::EVEX_Vpermpd_zmm_k1z_zmm_zmmm512b64,
+            Rrr,
+            zmm,
+        ),
+        (
+            enc::EVEX_VPMOVZXBQ_ZMM_M64,
+            Code::EVEX_Vpmovzxbq_zmm_k1z_xmmm64,
+            Load,
+            zmm,
+        ),
+        (
             enc::VEX_VINSERTF128_YMM_M128,
             Code::VEX_Vinsertf128_ymm_ymm_xmmm128_imm8,
             RrmImm,
@@ -1189,6 +1201,8 @@ fn branches_and_rip_match_iced() {
                         let z = iced_x86::code_asm::registers::zmm::get_zmm(z).unwrap();
                         ia.vpmovzxbd(z, xmmword_ptr(iconst)).unwrap();
                         ca.vec_rip(enc::EVEX_VPMOVZXBD_ZMM_M128, r, cconst);
+                        ia.vpmovzxbq(z, qword_ptr(iconst)).unwrap();
+                        ca.vec_rip(enc::EVEX_VPMOVZXBQ_ZMM_M64, r, cconst);
                     }
                 }
                 ia.db(&vec![0x90; inner]).unwrap();

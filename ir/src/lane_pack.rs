@@ -69,17 +69,25 @@ impl Geometry {
     /// Vector registers of one vector group of C: accumulators, B, the repeated A column,
     /// the permuted B, and for 2x2 and 3x3 the loaded A.
     fn registers_per_group(&self) -> usize {
-        (1 + self.chains()) * self.vectors + 2 + (self.side != 4) as usize
+        (1 + self.chains()) * self.vectors
+            + 2
+            + (self.side != 4) as usize
+            + 2 * self.eight_plus_one() as usize
     }
 
-    /// Index vectors shared by every group: 3x3's permutes of A and B for each step of k,
-    /// and the one that brings C's lane 8 to lane 0.
+    /// Index vectors shared by every group: 3x3 f32's permutes of A and B for each step of
+    /// k and the one that brings C's lane 8 to lane 0; 3x3 f64's two.
     fn index_registers(&self) -> usize {
-        if self.side == 3 {
-            2 * self.depth + 1
-        } else {
-            0
+        match (self.side, self.eight_plus_one()) {
+            (3, false) => 2 * self.depth + 1,
+            (3, true) => 2,
+            _ => 0,
         }
+    }
+
+    /// 3x3 f64: C's lanes 0..8 in a vector of eight, lane 8 (C[2, 2]) a scalar beside it.
+    fn eight_plus_one(&self) -> bool {
+        self.side == 3 && self.lanes == 8
     }
 }
 
@@ -130,10 +138,8 @@ pub fn geometry(
     if lanes < 4 {
         return Err(refuse("vectors of at least four lanes"));
     }
-    if side == 3 && (p.dtype != Dtype::F32 || target.isa != Isa::Avx512 || lanes != 16) {
-        return Err(refuse(
-            "3x3x3 in 512-bit f32 vectors only (full permutes of nine lanes)",
-        ));
+    if side == 3 && (target.isa != Isa::Avx512 || lanes * p.dtype.size() != 64) {
+        return Err(refuse("3x3x3 in 512-bit vectors only (full permutes)"));
     }
     let elements = side * side;
     let (per_vector, vectors) = match side {
@@ -168,6 +174,9 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, g: Geometry) 
     let vectors = g.vectors as f64;
     let (permutes, fmas, loads) = if g.side == 2 {
         (4.0, 2.0 + c_reads, 2.0 + c_reads)
+    } else if g.eight_plus_one() {
+        // Windows of A and B, their permutes; C[2, 2] by three scalar FMAs.
+        (6.0, 6.0 + 2.0 * c_reads, 12.0 + 2.0 * c_reads)
     } else if g.side == 3 {
         (6.0, 3.0 + c_reads, 2.0 + c_reads)
     } else {
@@ -251,6 +260,8 @@ struct GroupRegs {
     a_loaded: VReg,
     a_group: VReg,
     b_picked: VReg,
+    /// 3x3 f64: C[2, 2]'s accumulator and a scalar of A.
+    lane_8: Option<(VReg, VReg)>,
     /// 3x3: the index vectors of A's and then B's permutes, by step of k (shared).
     index: Vec<VReg>,
 }
@@ -281,7 +292,9 @@ pub(crate) fn lower(
             let b = (0..g.vectors).map(|_| take()).collect();
             let (a_group, b_picked) = (take(), take());
             let a_loaded = if g.side == 4 { a_group } else { take() };
+            let lane_8 = g.eight_plus_one().then(|| (take(), take()));
             GroupRegs {
+                lane_8,
                 acc,
                 odd,
                 b,
@@ -299,10 +312,15 @@ pub(crate) fn lower(
     let params = spill_scalars(p, &mut ops);
     scalars.load(&mut ops);
     let mut masks = Vec::new();
-    // 3x3: nine lanes of every load and store.
+    // 3x3 f32: nine lanes of every load and store; f64: windows of three and seven.
     let whole = (g.side == 3).then_some(Mask(0));
     if let Some(mask) = whole {
-        for (mask, lanes) in [(mask, 9), (EIGHT_LANES, 8)] {
+        let lanes: Vec<(Mask, u32)> = if g.eight_plus_one() {
+            vec![(mask, 3), (SEVEN_LANES, 7), (ONE_LANE, 1)]
+        } else {
+            vec![(mask, 9), (EIGHT_LANES, 8)]
+        };
+        for (mask, lanes) in lanes {
             masks.push(MaskDecl {
                 mask,
                 lanes,
@@ -310,7 +328,11 @@ pub(crate) fn lower(
             });
             ops.push(Op::SetMask { mask, lanes });
         }
-        ops.extend(index_vectors(p, &index));
+        ops.extend(if g.eight_plus_one() {
+            index_vectors_f64(p, &index)
+        } else {
+            index_vectors(p, &index)
+        });
     }
 
     let per_trip = unroll * g.per_vector;
@@ -369,6 +391,9 @@ fn group(
     mask: Option<Mask>,
     scalars: EpilogueScalars,
 ) -> Result<(), LowerError> {
+    if g.eight_plus_one() {
+        return group_3x3_f64(out, p, regs, offsets, scalars);
+    }
     let elt = p.dtype.size() as i64;
     let at =
         |reg: Gpr, offset: i64| -> Result<Addr, LowerError> { Ok(Addr::new(reg, imm(offset)?)) };
@@ -516,8 +541,120 @@ fn group(
     Ok(())
 }
 
-/// 3x3x3: the mask of C's first eight lanes (stored as a plain 32-byte move).
+/// 3x3x3 f32: the mask of C's first eight lanes (stored as a plain 32-byte move).
 const EIGHT_LANES: Mask = Mask(1);
+/// 3x3x3 f64: windows of seven elements (an operand's row), and C[2, 2] alone.
+const SEVEN_LANES: Mask = Mask(1);
+const ONE_LANE: Mask = Mask(2);
+
+/// Where op(X)[i, k] and op(X)[i + 1, k] lie for X = A (i a row), or op(X)[k, i] and
+/// op(X)[k, i + 1] for X = B (i a column), in a contiguous 3x3 X: (element of i = 0, step).
+fn line_3x3(x: Operand, trans: Trans, k: i64) -> (i64, i64) {
+    match (x, trans) {
+        (Operand::A, Trans::N) | (Operand::B, Trans::T) => (3 * k, 1),
+        (Operand::A, Trans::T) | (Operand::B, Trans::N) => (k, 3),
+    }
+}
+
+/// The operand whose line [`line_3x3`] gives.
+#[derive(Clone, Copy)]
+enum Operand {
+    A,
+    B,
+}
+
+/// One 3x3x3 f64 matrix: for each step k, windows of op(A)'s column k and op(B)'s row k
+/// (three or seven elements, masked), permuted to C's lanes 0..8 (lane r + 3j: op(A)[r, k],
+/// op(B)[k, j]); C[2, 2] by scalar FMAs beside them. C is a plain 64-byte vector and one
+/// scalar: no masked store.
+fn group_3x3_f64(
+    out: &mut Vec<Op>,
+    p: &ColMajorProblem,
+    regs: &GroupRegs,
+    offsets: [i64; 3],
+    scalars: EpilogueScalars,
+) -> Result<(), LowerError> {
+    const ELT: i64 = 8;
+    let [a_off, b_off, c_off] = offsets;
+    let at = |reg: Gpr, offset: i64| -> Result<Addr, LowerError> {
+        Ok(Addr::new(reg, imm(offset * ELT)?))
+    };
+    let (acc, (acc_8, a_8)) = (regs.acc[0], regs.lane_8.expect("3x3 f64 registers"));
+    let (a_window, b_window) = (regs.a_loaded, regs.b[0]);
+    let negate = p.alpha == Scalar::MinusOne;
+    out.extend([Op::Zero { dst: acc }, Op::Zero { dst: acc_8 }]);
+    let window = |step: i64| if step == 1 { Mask(0) } else { SEVEN_LANES };
+    for k in 0..3 {
+        let (a_first, a_step) = line_3x3(Operand::A, p.trans_a, k);
+        let (b_first, b_step) = line_3x3(Operand::B, p.trans_b, k);
+        out.extend([
+            Op::Load {
+                dst: a_window,
+                addr: at(Gpr::A, a_off / ELT + a_first)?,
+                mask: Some(window(a_step)),
+            },
+            Op::Load {
+                dst: b_window,
+                addr: at(Gpr::B, b_off / ELT + b_first)?,
+                mask: Some(window(b_step)),
+            },
+            Op::PermuteVar {
+                dst: regs.a_group,
+                index: regs.index[0],
+                src: a_window,
+            },
+            Op::PermuteVar {
+                dst: regs.b_picked,
+                index: regs.index[1],
+                src: b_window,
+            },
+            Op::Fma {
+                acc,
+                a: regs.a_group,
+                b: regs.b_picked,
+                negate,
+            },
+            Op::LoadScalar {
+                dst: a_8,
+                addr: at(Gpr::A, a_off / ELT + a_first + 2 * a_step)?,
+            },
+            Op::Narrow {
+                bytes: 16,
+                body: vec![Op::FmaBroadcast {
+                    acc: acc_8,
+                    a: a_8,
+                    b: at(Gpr::B, b_off / ELT + b_first + 2 * b_step)?,
+                    negate,
+                }],
+            },
+        ]);
+    }
+    let reads_c = p.beta != Scalar::Zero;
+    let c = at(Gpr::C, c_off / ELT)?;
+    finish_vector(
+        out,
+        p.beta,
+        acc,
+        c,
+        None,
+        reads_c.then_some((b_window, false)),
+        scalars,
+        None,
+    );
+    let c_8 = at(Gpr::C, c_off / ELT + 8)?;
+    let old = reads_c.then_some((a_8, false));
+    finish_vector(
+        out,
+        p.beta,
+        acc_8,
+        c_8,
+        Some(ONE_LANE),
+        old,
+        scalars,
+        Some(16),
+    );
+    Ok(())
+}
 
 /// Rows 4 chunk..4 chunk + 4 of the columns of each B vector's groups (B's columns are
 /// `depth` elements apart): the first group by a load of one group's width (which clears
@@ -595,4 +732,28 @@ fn index_vectors(p: &ColMajorProblem, index: &[VReg]) -> Vec<Op> {
         indices: lane_8,
     });
     ops
+}
+
+/// 3x3x3 f64: the index vectors that bring an op(A) column window's element r, and an op(B)
+/// row window's element j, to lane r + 3j.
+fn index_vectors_f64(p: &ColMajorProblem, index: &[VReg]) -> Vec<Op> {
+    let table = |step: i64, of_lane: fn(u8) -> u8| {
+        let mut indices = [0u8; 16];
+        for (lane, slot) in indices.iter_mut().enumerate().take(8) {
+            *slot = of_lane(lane as u8) * step as u8;
+        }
+        indices
+    };
+    let (_, a_step) = line_3x3(Operand::A, p.trans_a, 0);
+    let (_, b_step) = line_3x3(Operand::B, p.trans_b, 0);
+    vec![
+        Op::Indices {
+            dst: index[0],
+            indices: table(a_step, |lane| lane % 3),
+        },
+        Op::Indices {
+            dst: index[1],
+            indices: table(b_step, |lane| lane / 3),
+        },
+    ]
 }
