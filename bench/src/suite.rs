@@ -735,9 +735,13 @@ impl Runner<'_, '_> {
             min_reps: 1,
             ..timing
         };
-        // Later rounds skip the warm-up time (two warm calls remain when samples are short).
+        // Later rounds warm up briefly: a competitor that follows narrower code (the naive
+        // loop, matrixmultiply's AVX2 kernels) in the round otherwise pays the core's switch
+        // to 512-bit execution inside its sample. Measured with no warm-up: adding the naive
+        // loop or matrixmultiply to a run lowered smallgemm ÷ MKL JIT (which followed
+        // smallgemm and LIBXSMM) from 1.01x to 0.93-0.95x at 12..32.
         let next_samples = Timing {
-            warmup: Duration::ZERO,
+            warmup: timing.warmup.min(ROUND_WARMUP),
             ..one_sample
         };
         // Saturating: `--reps` sets the budget to Duration::MAX.
@@ -785,6 +789,9 @@ impl Runner<'_, '_> {
         Ok(())
     }
 }
+
+/// Warm-up before each sample after the first round (see `measure`).
+const ROUND_WARMUP: Duration = Duration::from_millis(2);
 
 /// Matrices per thread in the hot regime: `hot_bytes` of A, B and C.
 pub fn hot_batch(spec: &GemmSpec, hot_bytes: usize) -> usize {
