@@ -495,7 +495,8 @@ struct TuneArgs {
     #[arg(long)]
     quick_mma: bool,
     /// f16 tensor-core candidates: the planned schedule, and those with `ldmatrix` and C
-    /// through shared memory (`FlatC`) with up to 2 problems per block and at least 2 warps.
+    /// through shared memory (`FlatC`) with up to 2 problems per block and at least 2 warps,
+    /// or flat A and B with the C prefetch, up to 2 problems per block and at least 4 warps.
     #[arg(long)]
     flatc_only: bool,
     #[arg(long, default_value_t = 0)]
@@ -673,6 +674,13 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                         || s.mma.is_none()
                         || Some(*s) == planned
                         || (s.ldmatrix && s.stage == Staging::FlatC && s.tba <= 2 && s.warps >= 2)
+                        // Flat A and B (whole-vector stores since version 8) with the C
+                        // prefetch: the other form where the staging differs.
+                        || (s.ldmatrix
+                            && s.stage == Staging::Flat
+                            && s.prefetch_c
+                            && s.tba <= 2
+                            && s.warps >= 4)
                 })
             {
                 match probe.time(&gpu, d, n, &s, args.reps) {

@@ -598,8 +598,156 @@ fn load_flat(
     }
 }
 
+/// Copies one f16 operand of a packed, tight problem (`others` columns of `lead` halves,
+/// contiguous) to its padded slot (`so` halves between columns, a multiple of 8) with
+/// whole 16-byte vectors at both ends: vector (column o, r) holds halves 8r..8r+8 of
+/// column o, read as the two aligned 16-byte global vectors around it (the second only
+/// when the halves reach into it; it mostly hits L1, the neighbour thread having read it)
+/// and shifted into place in registers. Where `load_flat` stores each half on its own
+/// (and computes its place), this stores 8 at once: odd and non-multiple-of-8 sizes then
+/// stage like the multiples of 8, `ldmatrix` fragments unchanged. Halves past `lead` in a
+/// column's last vector are zeros (the k padding, where lead is k). A vector's loads come
+/// before its shifts and store; ptxas schedules loads of later vectors early by itself.
+#[allow(clippy::too_many_arguments)]
+fn load_realigned(
+    asm: &mut Asm,
+    lt: &str,
+    tpp: usize,
+    global: &str,
+    shared: &str,
+    lead: usize,
+    others: usize,
+    so: usize,
+) {
+    debug_assert!(so % 8 == 0);
+    let per_col = lead.div_ceil(8);
+    let total = per_col * others;
+    // Halves of a column's last vector inside the column (0: all eight).
+    let tail = lead % 8;
+    let glo = asm.reg(Kind::B32);
+    asm.op(format!("cvt.u32.u64 {glo}, {global}"));
+    // Vectors whose loads are emitted before their stores: emitting two together gave the
+    // same registers under `ptxas -v` (81..90 at 8 and 16 warps) as one.
+    const GROUP: usize = 1;
+    let rounds = total.div_ceil(tpp);
+    let mut i = 0;
+    while i < rounds {
+        let mut loaded = Vec::new();
+        for i in i..(i + GROUP).min(rounds) {
+            let q = asm.reg(Kind::B32);
+            asm.op(format!("add.u32 {q}, {lt}, {}", i * tpp));
+            let pred = ((i + 1) * tpp > total).then(|| asm.lt(&q, &total.to_string()));
+            let (col, r) = (asm.reg(Kind::B32), asm.reg(Kind::B32));
+            asm.op(format!("div.u32 {col}, {q}, {per_col}"));
+            asm.op(format!("rem.u32 {r}, {q}, {per_col}"));
+            // Byte offset of the vector's first half in the matrix, and its misalignment.
+            let off = asm.reg(Kind::B32);
+            asm.op(format!("mul.lo.u32 {off}, {r}, 16"));
+            asm.op(format!("mad.lo.u32 {off}, {col}, {}, {off}", 2 * lead));
+            let shift = asm.reg(Kind::B32);
+            asm.op(format!("add.u32 {shift}, {glo}, {off}"));
+            asm.op(format!("and.b32 {shift}, {shift}, 15"));
+            asm.op(format!("sub.u32 {off}, {off}, {shift}"));
+            let off64 = asm.reg(Kind::B64);
+            // Signed: the first vector's boundary may lie below the matrix.
+            asm.op(format!("cvt.s64.s32 {off64}, {off}"));
+            let addr = asm.reg(Kind::B64);
+            asm.op(format!("add.u64 {addr}, {global}, {off64}"));
+            // The second vector is needed when the halves run past the first.
+            let second = asm.reg(Kind::Pred);
+            asm.op(format!("setp.ne.u32 {second}, {shift}, 0"));
+            let last = (tail != 0).then(|| {
+                let last = asm.reg(Kind::Pred);
+                asm.op(format!("setp.eq.u32 {last}, {r}, {}", per_col - 1));
+                let fits = asm.reg(Kind::Pred);
+                asm.op(format!("setp.le.u32 {fits}, {shift}, {}", 16 - 2 * tail));
+                let both = asm.reg(Kind::Pred);
+                asm.op(format!("and.pred {both}, {last}, {fits}"));
+                asm.op(format!("and.pred {second}, {second}, !{both}"));
+                last
+            });
+            if let Some(p) = &pred {
+                asm.op(format!("and.pred {second}, {second}, {p}"));
+            }
+            let w: Vec<String> = (0..8).map(|_| asm.reg(Kind::B32)).collect();
+            for x in &w[4..] {
+                asm.op(format!("mov.b32 {x}, 0"));
+            }
+            asm.op(format!(
+                "{}ld.global.v4.b32 {{{}}}, [{addr}]",
+                guard(&pred),
+                w[..4].join(", ")
+            ));
+            asm.op(format!(
+                "@{second} ld.global.v4.b32 {{{}}}, [{addr}+16]",
+                w[4..].join(", ")
+            ));
+            loaded.push((pred, col, r, shift, last, w));
+        }
+        for (pred, col, r, shift, last, w) in loaded {
+            // Word j of the result: bytes shift + 4j.. of w; select by the shift's word
+            // bits, then a funnel shift by its half bit.
+            let (b4, b8) = (asm.reg(Kind::Pred), asm.reg(Kind::Pred));
+            let t = asm.reg(Kind::B32);
+            asm.op(format!("and.b32 {t}, {shift}, 4"));
+            asm.op(format!("setp.ne.u32 {b4}, {t}, 0"));
+            asm.op(format!("and.b32 {t}, {shift}, 8"));
+            asm.op(format!("setp.ne.u32 {b8}, {t}, 0"));
+            let half = asm.reg(Kind::B32);
+            asm.op(format!("and.b32 {half}, {shift}, 2"));
+            asm.op(format!("shl.b32 {half}, {half}, 3"));
+            let x: Vec<String> = (0..7)
+                .map(|j| {
+                    let x = asm.reg(Kind::B32);
+                    asm.op(format!("selp.b32 {x}, {}, {}, {b4}", w[j + 1], w[j]));
+                    x
+                })
+                .collect();
+            let u: Vec<String> = (0..5)
+                .map(|j| {
+                    let u = asm.reg(Kind::B32);
+                    asm.op(format!("selp.b32 {u}, {}, {}, {b8}", x[j + 2], x[j]));
+                    u
+                })
+                .collect();
+            let o: Vec<String> = (0..4)
+                .map(|j| {
+                    let o = asm.reg(Kind::B32);
+                    asm.op(format!(
+                        "shf.r.clamp.b32 {o}, {}, {}, {half}",
+                        u[j],
+                        u[j + 1]
+                    ));
+                    o
+                })
+                .collect();
+            if let Some(last) = &last {
+                for (j, oj) in o.iter().enumerate() {
+                    if 2 * j >= tail {
+                        asm.op(format!("selp.b32 {oj}, 0, {oj}, {last}"));
+                    } else if 2 * j + 1 == tail {
+                        let m = asm.reg(Kind::B32);
+                        asm.op(format!("and.b32 {m}, {oj}, 65535"));
+                        asm.op(format!("selp.b32 {oj}, {m}, {oj}, {last}"));
+                    }
+                }
+            }
+            let at = asm.reg(Kind::B32);
+            asm.op(format!("mad.lo.u32 {at}, {col}, {}, {shared}", 2 * so));
+            asm.op(format!("mad.lo.u32 {at}, {r}, 16, {at}"));
+            asm.op(format!(
+                "{}st.shared.v4.b32 [{at}], {{{}}}",
+                guard(&pred),
+                o.join(", ")
+            ));
+        }
+        i += GROUP;
+    }
+}
+
 /// Writes zeros into the k padding (k..kp) of one problem's padded copy of A or B (C has
-/// none), the elements a loader that copies only the matrix leaves alone (`load_flat`).
+/// none), the elements a loader that copies only the matrix leaves alone (`load_flat`; past
+/// the matrix `load_realigned` writes zeros only up to its last vector).
 /// The rows or columns past m or n need no zeros: they only reach rows or columns of the
 /// product that are never stored. Where k is the strided direction the padding is one block (16-byte
 /// stores), else a short run per row or column (32-bit stores where k is even).
@@ -975,9 +1123,13 @@ pub(crate) fn kernel(
             &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
         );
     } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
-        load_flat(
-            &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
-        );
+        if dtype == Dtype::F16 && sl == 1 && so % 8 == 0 {
+            load_realigned(&mut asm, &lt, tpp, &problem.a, &sa, lead.max, other.max, so);
+        } else {
+            load_flat(
+                &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
+            );
+        }
         zero_k_padding(&mut asm, &lt, tpp, &sa, Operand::A, p, &layout, kext);
     } else {
         load_operand(
@@ -1033,9 +1185,13 @@ pub(crate) fn kernel(
             &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
         );
     } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
-        load_flat(
-            &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
-        );
+        if dtype == Dtype::F16 && sl == 1 && so % 8 == 0 {
+            load_realigned(&mut asm, &lt, tpp, &problem.b, &sb, lead.max, other.max, so);
+        } else {
+            load_flat(
+                &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
+            );
+        }
         zero_k_padding(&mut asm, &lt, tpp, &sb, Operand::B, p, &layout, kext);
     } else {
         load_operand(
@@ -1065,6 +1221,7 @@ pub(crate) fn kernel(
             p,
             problem.ldc.max,
             c.c_ld,
+            c.cv,
             true,
         );
     }
@@ -1113,6 +1270,7 @@ pub(crate) fn kernel(
             p,
             problem.ldc.max,
             c.c_ld,
+            c.cv,
             false,
         );
     }
@@ -1144,16 +1302,39 @@ pub(crate) fn kernel(
     let _ = writeln!(out, ".extern .shared .align 16 .b8 smem[];\n");
     let _ = writeln!(out, ".visible .entry {entry}(");
     let _ = writeln!(out, "\t{}\n)", params.join(",\n\t"));
-    let _ = writeln!(out, ".maxntid {}, 1, 1\n{{", res.threads_per_block);
-    out.push_str(&asm.declarations());
-    out.push('\n');
-    out.push_str(&asm.body);
-    out.push_str("}\n");
     let shared = if s.mma.is_none() || flat.c.is_some() || flat.c_pad.is_some() {
         flat.shared_bytes
     } else {
         res.shared_bytes
     };
+    let _ = writeln!(out, ".maxntid {}, 1, 1", res.threads_per_block);
+    let narrow_c = flat.c_pad.is_some_and(|c| c.cv < 8);
+    if s.mma.is_some() && (flat.c.is_some() || narrow_c) {
+        // Tensor-core kernels with C in shared memory at sizes that are no multiple of 8
+        // (C flat, or padded with 4- or 8-byte column copies): ask ptxas for as many blocks
+        // per SM as shared memory and the warp slots allow. Left alone it spent registers
+        // past that (89 at 16 warps: 63 against 32, 2 blocks instead of 4; 122: 72, one
+        // block instead of 2) and lost up to 14 points of the bound on the H100; with the
+        // cap, at most 20 bytes of spills, and 67..126 gained up to 16 points. The kernels
+        // with 16-byte C copies (multiples of 8) measured mixed (112 +9, 96 -5, 120 -3):
+        // left alone.
+        let smem = match sm {
+            Sm::Sm80 => 164 * 1024,
+            Sm::Sm90 => 228 * 1024,
+        };
+        // 1 KiB of shared memory per block is the system's.
+        let blocks = (smem / (shared + 1024))
+            .min(2048 / res.threads_per_block as usize)
+            .min(32);
+        if blocks > 1 {
+            let _ = writeln!(out, ".minnctapersm {blocks}");
+        }
+    }
+    out.push_str("{\n");
+    out.push_str(&asm.declarations());
+    out.push('\n');
+    out.push_str(&asm.body);
+    out.push_str("}\n");
     (out, shared)
 }
 
@@ -1935,6 +2116,8 @@ pub(crate) struct FlatOperand {
 pub(crate) struct CPad {
     c_in_slot: usize,
     c_ld: usize,
+    /// Halves per vector of the column copy (8, 4 or 2: what m, ldc and the stride allow).
+    cv: usize,
 }
 
 /// The shared-memory plan of a kernel: which operands are staged flat, and the bytes.
@@ -1980,7 +2163,8 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
     let elt = p.dtype.size();
     let tba = s.tba as usize;
     // Tensor-core kernels keep A and B in their padded slots (`ldmatrix` needs aligned
-    // rows; `Flat` there means `load_flat` into the slot) and may stage only C flat.
+    // rows; `Flat` there means `load_realigned`, or `load_flat`, into the slot) and may
+    // stage only C flat.
     let mma = s.mma.is_some();
     let usable = kind == BatchKind::Strided && !mma && s.stage != Staging::Padded;
     let tpp = match s.mma {
@@ -2030,24 +2214,27 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         &|i| layout.a_len + (i / tm) * layout.b_col,
     );
     let c_len = p.m * p.n;
-    // Tensor-core kernels: where C's columns are whole, aligned 16-byte vectors, C goes to
-    // a padded copy in the problem's slot (column by column), else, when tight and packed,
-    // flat. The padding keeps the epilogue's 16-bit accesses (8 rows x 4 columns two apart
+    // Tensor-core kernels: where C's columns are whole, aligned vectors of 2, 4 or 8 halves,
+    // C goes to a padded copy in the problem's slot (column by column), else, when tight and
+    // packed, flat. The padding keeps the epilogue's 16-bit accesses (8 rows x 4 columns two apart
     // per instruction) off each other's banks: two columns are c_ld words apart, an odd
     // multiple of 8 (the tight copy has 4-way conflicts where m is a multiple of 32).
-    let c_pad = (mma
-        && kind == BatchKind::Strided
-        && s.stage == Staging::FlatC
-        && p.m % 8 == 0
-        && p.ldc % 8 == 0
-        && p.stride_c % 8 == 0)
-        .then(|| CPad {
-            c_in_slot: layout.a_len + layout.b_len,
-            c_ld: if (p.m / 8) % 2 == 0 {
-                p.m + 8
-            } else {
-                p.m + 16
-            },
+    // The column copy moves 16-, 8- or 4-byte vectors: the widest that m, ldc and the batch
+    // stride allow (odd m: none, C goes flat). Measured on the H100 (docs/gpu-notes.md,
+    // version 8): with 4- and 8-byte vectors the padded copy beat the flat one at the even
+    // sizes from 66 that are no multiple of 8, by up to 19 points of the bound.
+    let cv = [8, 4, 2]
+        .into_iter()
+        .find(|&v| p.m % v == 0 && p.ldc % v == 0 && p.stride_c % v == 0);
+    let c_pad = cv
+        .filter(|_| mma && kind == BatchKind::Strided && s.stage == Staging::FlatC)
+        .map(|cv| {
+            let mm = p.m.next_multiple_of(8);
+            CPad {
+                c_in_slot: layout.a_len + layout.b_len,
+                c_ld: if (mm / 8) % 2 == 0 { mm + 8 } else { mm + 16 },
+                cv,
+            }
         });
     let c_ok = (usable || (mma && kind == BatchKind::Strided))
         && c_pad.is_none()
@@ -2103,8 +2290,9 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
 }
 
 /// Copies one problem's C between global memory (columns `ldc` apart) and its padded copy in
-/// shared memory (columns `c_ld` apart) with 16-byte vectors, the group's `tpp` threads
-/// taking vectors in turn (m is a multiple of 8; C's addresses 16-byte aligned).
+/// shared memory (columns `c_ld` apart) with vectors of `cv` halves (8, 4 or 2), the group's
+/// `tpp` threads taking vectors in turn (m, ldc and the batch stride multiples of `cv`; C's
+/// base address 16-byte aligned).
 #[allow(clippy::too_many_arguments)]
 fn copy_c_columns(
     asm: &mut Asm,
@@ -2115,9 +2303,10 @@ fn copy_c_columns(
     p: &ColMajorProblem,
     ldc: usize,
     c_ld: usize,
+    cv: usize,
     to_shared: bool,
 ) {
-    let per_col = p.m / 8;
+    let per_col = p.m / cv;
     let total = per_col * p.n;
     for i in 0..total.div_ceil(tpp) {
         let q = asm.reg(Kind::B32);
@@ -2127,24 +2316,29 @@ fn copy_c_columns(
         asm.op(format!("div.u32 {col}, {q}, {per_col}"));
         asm.op(format!("rem.u32 {r}, {q}, {per_col}"));
         let goff = asm.reg(Kind::B32);
-        asm.op(format!("mul.lo.u32 {goff}, {r}, 8"));
+        asm.op(format!("mul.lo.u32 {goff}, {r}, {cv}"));
         asm.op(format!("mad.lo.u32 {goff}, {col}, {ldc}, {goff}"));
         let g64 = asm.reg(Kind::B64);
         asm.op(format!("mul.wide.u32 {g64}, {goff}, 2"));
         let gaddr = asm.reg(Kind::B64);
         asm.op(format!("add.u64 {gaddr}, {global}, {g64}"));
         let saddr = asm.reg(Kind::B32);
-        asm.op(format!("mul.lo.u32 {saddr}, {r}, 16"));
+        asm.op(format!("mul.lo.u32 {saddr}, {r}, {}", cv * 2));
         asm.op(format!("mad.lo.u32 {saddr}, {col}, {}, {saddr}", c_ld * 2));
         asm.op(format!("add.u32 {saddr}, {saddr}, {shared}"));
-        let (_, list) = words(asm);
+        let w: Vec<String> = (0..cv / 2).map(|_| asm.reg(Kind::B32)).collect();
+        let (ty, list) = match cv {
+            8 => ("v4.b32", format!("{{{}}}", w.join(", "))),
+            4 => ("v2.b32", format!("{{{}}}", w.join(", "))),
+            _ => ("b32", w[0].clone()),
+        };
         let g = guard(&pred);
         if to_shared {
-            asm.op(format!("{g}ld.global.v4.b32 {list}, [{gaddr}]"));
-            asm.op(format!("{g}st.shared.v4.b32 [{saddr}], {list}"));
+            asm.op(format!("{g}ld.global.{ty} {list}, [{gaddr}]"));
+            asm.op(format!("{g}st.shared.{ty} [{saddr}], {list}"));
         } else {
-            asm.op(format!("{g}ld.shared.v4.b32 {list}, [{saddr}]"));
-            asm.op(format!("{g}st.global.v4.b32 [{gaddr}], {list}"));
+            asm.op(format!("{g}ld.shared.{ty} {list}, [{saddr}]"));
+            asm.op(format!("{g}st.global.{ty} [{gaddr}], {list}"));
         }
     }
 }

@@ -159,11 +159,12 @@ pub struct GpuSchedule {
     /// f16 accumulation precision (ignored for f32/f64).
     pub accumulate: Accumulate,
     /// Shared-memory staging. Tensor-core kernels, `Flat`: A and B of a packed strided
-    /// batch whose rows are not 16-byte aligned (odd sizes) are read with 16-byte loads over
-    /// the matrix as one flat array, each element then stored to its place in the padded
-    /// layout (`Padded`: element-wise loads there); `FlatC`: that, and a tight, packed C
-    /// goes through shared memory (16-byte loads and stores of the block's span; the
-    /// epilogue reads and writes the shared copy; `prefetch_c` is then moot).
+    /// batch whose rows are not 16-byte aligned (sizes no multiple of 8) are read with
+    /// aligned 16-byte loads and stored to the padded layout 8 halves at a time, shifted
+    /// into place in registers (`Padded`: narrower loads there); `FlatC`: that, and C goes
+    /// through shared memory: a padded copy, column by column, where m is even (16-, 8- or
+    /// 4-byte vectors), else the block's span verbatim; the epilogue reads and writes the
+    /// shared copy (`prefetch_c` is then moot).
     #[serde(default)]
     pub stage: Staging,
     /// Tensor-core kernels: load the A and B fragments with `ldmatrix` (one instruction per
@@ -457,28 +458,32 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
 /// --mma-only`: a full sweep of the `ldmatrix` candidates over 33 sizes, then `--quick-mma`
 /// over the other 80, then `--quick-mma` with 16 warps over 65..128; docs/gpu-notes.md,
 /// version 6; then `--flatc-only` over 48..113, `FlatC` where the bench confirmed it, and
-/// 120 and 128 as the other multiples of 16: version 7): (warps, tba, variant).
+/// 120 and 128 as the other multiples of 16: version 7; then, with whole-vector stores of
+/// flat A and B, `--quick-mma` over the non-multiples of 8 in 17..31 and `--flatc-only`
+/// over those in 33..127, the winners taken where the bench did not lose, then
+/// `--flatc-only` over the even ones from 66 with C's padded copy: version 8):
+/// (warps, tba, variant).
 #[rustfmt::skip]
 const H100_F16_MMA: [(u32, u32, Mma); 113] = [
-    (1, 1, Pre), (2, 2, Pre), (2, 2, Pre), (2, 2, Pre), (2, 2, Pre), (2, 1, Pre), // 16..21
-    (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (2, 2, Pre), (8, 1, Pre), (2, 2, Pre), // 22..27
-    (8, 1, Pre), (2, 1, FlatPre), (2, 1, Pre), (2, 1, FlatPre), (4, 1, Ldm), (4, 2, Pre), // 28..33
-    (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (4, 2, Pre), (4, 1, Pre), (4, 2, Pre), // 34..39
-    (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), // 40..45
-    (4, 1, Pre), (4, 1, Pre), (8, 1, FlatC), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), // 46..51
-    (4, 1, Pre), (4, 1, Pre), (8, 1, Pre), (4, 1, Pre), (8, 1, FlatC), (4, 1, Pre), // 52..57
-    (4, 1, Pre), (4, 1, Pre), (4, 1, Pre), (8, 1, FlatC), (4, 1, Pre), (4, 1, Pre), // 58..63
-    (8, 1, FlatC), (16, 1, Pre), (4, 1, Pre), (8, 1, FlatC), (8, 1, Pre), (8, 1, FlatC), // 64..69
-    (4, 1, Pre), (8, 1, FlatC), (8, 1, Pre), (8, 1, FlatC), (4, 1, Pre), (8, 1, FlatC), // 70..75
-    (4, 1, Pre), (8, 1, FlatC), (4, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 76..81
-    (16, 1, FlatC), (16, 1, FlatC), (16, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 82..87
-    (4, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (8, 2, Pre), (16, 1, Pre), (16, 1, FlatPre), // 88..93
-    (16, 1, FlatPre), (16, 1, FlatPre), (16, 1, FlatC), (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), // 94..99
-    (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), (8, 2, Pre), (16, 1, FlatC), (8, 2, Pre), // 100..105
-    (8, 2, Pre), (8, 2, Pre), (16, 1, Pre), (8, 2, Pre), (4, 2, Pre), (8, 2, Pre), // 106..111
-    (16, 1, FlatC), (8, 2, Pre), (16, 1, Pre), (8, 2, Pre), (16, 1, Pre), (16, 1, Pre), // 112..117
-    (16, 1, Pre), (8, 2, Pre), (16, 1, FlatC), (8, 1, Pre), (16, 1, Pre), (16, 1, Pre), // 118..123
-    (16, 1, Pre), (16, 1, Pre), (16, 1, Pre), (8, 1, Pre), (16, 1, FlatC), // 124..128
+    (1, 1, Pre), (2, 1, FlatPre), (2, 2, Pre), (2, 1, FlatPre), (2, 2, Pre), (2, 1, FlatPre), // 16..21
+    (4, 1, Pre), (2, 1, FlatPre), (4, 1, Pre), (2, 1, FlatPre), (8, 1, Pre), (2, 2, FlatPre), // 22..27
+    (2, 2, Pre), (2, 2, FlatPre), (2, 2, FlatPre), (2, 1, FlatPre), (4, 1, Ldm), (4, 1, FlatPre), // 28..33
+    (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), // 34..39
+    (4, 1, Pre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), // 40..45
+    (4, 1, FlatPre), (4, 1, FlatPre), (8, 1, FlatC), (4, 1, Pre), (8, 1, Pre), (4, 1, FlatPre), // 46..51
+    (4, 1, Pre), (4, 1, FlatPre), (8, 1, Pre), (8, 1, FlatPre), (8, 1, FlatC), (4, 1, FlatPre), // 52..57
+    (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), // 58..63
+    (8, 1, FlatC), (8, 1, FlatPre), (8, 1, FlatC), (8, 1, FlatPre), (8, 1, FlatC), (8, 1, FlatC), // 64..69
+    (8, 1, FlatC), (8, 1, FlatC), (8, 1, Pre), (8, 1, FlatPre), (8, 1, FlatC), (8, 1, FlatPre), // 70..75
+    (4, 1, Pre), (16, 1, FlatC), (4, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 76..81
+    (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 82..87
+    (4, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatPre), (16, 1, FlatC), (16, 1, FlatPre), // 88..93
+    (16, 1, FlatC), (16, 1, FlatPre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 94..99
+    (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 100..105
+    (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 106..111
+    (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 112..117
+    (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 118..123
+    (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 124..128
 ];
 
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C

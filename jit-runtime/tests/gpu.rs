@@ -468,6 +468,24 @@ fn f16_mma_loaders_match() {
         let probe = b.build().unwrap();
         all.push(b.stride_c(probe.footprint(Operand::C) + 8).build().unwrap());
     }
+    // Flat A and B with whole-vector stores (`load_realigned`): tight, packed operands
+    // whose sides are no multiples of 8 and differ, every transpose, beta = 0 with NaN in C.
+    for (m, n, k, ta, tb, beta) in [
+        (37, 53, 29, Trans::N, Trans::T, Scalar::fixed(0.5).unwrap()),
+        (70, 45, 91, Trans::T, Trans::N, Scalar::Zero),
+        (99, 66, 13, Trans::T, Trans::T, Scalar::fixed(0.5).unwrap()),
+        (21, 90, 115, Trans::N, Trans::N, Scalar::Zero),
+    ] {
+        all.push(
+            GemmSpec::builder(Dtype::F16, m, n, k)
+                .trans_a(ta)
+                .trans_b(tb)
+                .alpha(Scalar::fixed(1.5).unwrap())
+                .beta(beta)
+                .build()
+                .unwrap(),
+        );
+    }
     // (ldmatrix, staging, C prefetch): both loaders as before, then the flat staging of A
     // and B and the C prefetch, alone and together.
     let variants = [
