@@ -56,8 +56,11 @@ pub struct TuneArgs {
     /// its fastest (paper 004, Table I), and the schedules that serve most shapes win.
     #[arg(long, default_value_t = 0.0)]
     tolerance: f64,
-    /// Candidates timed per shape (the best by the cost model).
-    #[arg(long, default_value_t = 12)]
+    /// Candidates timed per shape (the best by the cost model). 12 missed blockings that
+    /// won by 10-25% (f32 18x18x18 as 2x12, f32 28x28x28 as 1x28): the model ranks narrow
+    /// tails and long memory-broadcast blocks too low. All shapes 2..32 and the small-k
+    /// ones take about a minute at 32.
+    #[arg(long, default_value_t = 32)]
     candidates: usize,
     /// Timed samples per candidate.
     #[arg(long, default_value_t = 15)]
