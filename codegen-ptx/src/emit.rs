@@ -626,122 +626,107 @@ fn load_realigned(
     let tail = lead % 8;
     let glo = asm.reg(Kind::B32);
     asm.op(format!("cvt.u32.u64 {glo}, {global}"));
-    // Vectors whose loads are emitted before their stores: emitting two together gave the
-    // same registers under `ptxas -v` (81..90 at 8 and 16 warps) as one.
-    const GROUP: usize = 1;
-    let rounds = total.div_ceil(tpp);
-    let mut i = 0;
-    while i < rounds {
-        let mut loaded = Vec::new();
-        for i in i..(i + GROUP).min(rounds) {
-            let q = asm.reg(Kind::B32);
-            asm.op(format!("add.u32 {q}, {lt}, {}", i * tpp));
-            let pred = ((i + 1) * tpp > total).then(|| asm.lt(&q, &total.to_string()));
-            let (col, r) = (asm.reg(Kind::B32), asm.reg(Kind::B32));
-            asm.op(format!("div.u32 {col}, {q}, {per_col}"));
-            asm.op(format!("rem.u32 {r}, {q}, {per_col}"));
-            // Byte offset of the vector's first half in the matrix, and its misalignment.
-            let off = asm.reg(Kind::B32);
-            asm.op(format!("mul.lo.u32 {off}, {r}, 16"));
-            asm.op(format!("mad.lo.u32 {off}, {col}, {}, {off}", 2 * lead));
-            let shift = asm.reg(Kind::B32);
-            asm.op(format!("add.u32 {shift}, {glo}, {off}"));
-            asm.op(format!("and.b32 {shift}, {shift}, 15"));
-            asm.op(format!("sub.u32 {off}, {off}, {shift}"));
-            let off64 = asm.reg(Kind::B64);
-            // Signed: the first vector's boundary may lie below the matrix.
-            asm.op(format!("cvt.s64.s32 {off64}, {off}"));
-            let addr = asm.reg(Kind::B64);
-            asm.op(format!("add.u64 {addr}, {global}, {off64}"));
-            // The second vector is needed when the halves run past the first.
-            let second = asm.reg(Kind::Pred);
-            asm.op(format!("setp.ne.u32 {second}, {shift}, 0"));
-            let last = (tail != 0).then(|| {
-                let last = asm.reg(Kind::Pred);
-                asm.op(format!("setp.eq.u32 {last}, {r}, {}", per_col - 1));
-                let fits = asm.reg(Kind::Pred);
-                asm.op(format!("setp.le.u32 {fits}, {shift}, {}", 16 - 2 * tail));
-                let both = asm.reg(Kind::Pred);
-                asm.op(format!("and.pred {both}, {last}, {fits}"));
-                asm.op(format!("and.pred {second}, {second}, !{both}"));
-                last
-            });
-            if let Some(p) = &pred {
-                asm.op(format!("and.pred {second}, {second}, {p}"));
-            }
-            let w: Vec<String> = (0..8).map(|_| asm.reg(Kind::B32)).collect();
-            for x in &w[4..] {
-                asm.op(format!("mov.b32 {x}, 0"));
-            }
-            asm.op(format!(
-                "{}ld.global.v4.b32 {{{}}}, [{addr}]",
-                guard(&pred),
-                w[..4].join(", ")
-            ));
-            asm.op(format!(
-                "@{second} ld.global.v4.b32 {{{}}}, [{addr}+16]",
-                w[4..].join(", ")
-            ));
-            loaded.push((pred, col, r, shift, last, w));
+    // One vector at a time: emitting the loads of two vectors before their stores gave the
+    // same registers under `ptxas -v` (81..90 at 8 and 16 warps).
+    for i in 0..total.div_ceil(tpp) {
+        let (pred, col, r) = vector_slot(asm, lt, tpp, i, per_col, total);
+        // Byte offset of the vector's first half in the matrix, and its misalignment.
+        let off = asm.reg(Kind::B32);
+        asm.op(format!("mul.lo.u32 {off}, {r}, 16"));
+        asm.op(format!("mad.lo.u32 {off}, {col}, {}, {off}", 2 * lead));
+        let shift = asm.reg(Kind::B32);
+        asm.op(format!("add.u32 {shift}, {glo}, {off}"));
+        asm.op(format!("and.b32 {shift}, {shift}, 15"));
+        asm.op(format!("sub.u32 {off}, {off}, {shift}"));
+        let off64 = asm.reg(Kind::B64);
+        // Signed: the first vector's boundary may lie below the matrix.
+        asm.op(format!("cvt.s64.s32 {off64}, {off}"));
+        let addr = asm.reg(Kind::B64);
+        asm.op(format!("add.u64 {addr}, {global}, {off64}"));
+        // The second vector is needed when the halves run past the first.
+        let second = asm.reg(Kind::Pred);
+        asm.op(format!("setp.ne.u32 {second}, {shift}, 0"));
+        let last = (tail != 0).then(|| {
+            let last = asm.reg(Kind::Pred);
+            asm.op(format!("setp.eq.u32 {last}, {r}, {}", per_col - 1));
+            let fits = asm.reg(Kind::Pred);
+            asm.op(format!("setp.le.u32 {fits}, {shift}, {}", 16 - 2 * tail));
+            let both = asm.reg(Kind::Pred);
+            asm.op(format!("and.pred {both}, {last}, {fits}"));
+            asm.op(format!("and.pred {second}, {second}, !{both}"));
+            last
+        });
+        if let Some(p) = &pred {
+            asm.op(format!("and.pred {second}, {second}, {p}"));
         }
-        for (pred, col, r, shift, last, w) in loaded {
-            // Word j of the result: bytes shift + 4j.. of w; select by the shift's word
-            // bits, then a funnel shift by its half bit.
-            let (b4, b8) = (asm.reg(Kind::Pred), asm.reg(Kind::Pred));
-            let t = asm.reg(Kind::B32);
-            asm.op(format!("and.b32 {t}, {shift}, 4"));
-            asm.op(format!("setp.ne.u32 {b4}, {t}, 0"));
-            asm.op(format!("and.b32 {t}, {shift}, 8"));
-            asm.op(format!("setp.ne.u32 {b8}, {t}, 0"));
-            let half = asm.reg(Kind::B32);
-            asm.op(format!("and.b32 {half}, {shift}, 2"));
-            asm.op(format!("shl.b32 {half}, {half}, 3"));
-            let x: Vec<String> = (0..7)
-                .map(|j| {
-                    let x = asm.reg(Kind::B32);
-                    asm.op(format!("selp.b32 {x}, {}, {}, {b4}", w[j + 1], w[j]));
-                    x
-                })
-                .collect();
-            let u: Vec<String> = (0..5)
-                .map(|j| {
-                    let u = asm.reg(Kind::B32);
-                    asm.op(format!("selp.b32 {u}, {}, {}, {b8}", x[j + 2], x[j]));
-                    u
-                })
-                .collect();
-            let o: Vec<String> = (0..4)
-                .map(|j| {
-                    let o = asm.reg(Kind::B32);
-                    asm.op(format!(
-                        "shf.r.clamp.b32 {o}, {}, {}, {half}",
-                        u[j],
-                        u[j + 1]
-                    ));
-                    o
-                })
-                .collect();
-            if let Some(last) = &last {
-                for (j, oj) in o.iter().enumerate() {
-                    if 2 * j >= tail {
-                        asm.op(format!("selp.b32 {oj}, 0, {oj}, {last}"));
-                    } else if 2 * j + 1 == tail {
-                        let m = asm.reg(Kind::B32);
-                        asm.op(format!("and.b32 {m}, {oj}, 65535"));
-                        asm.op(format!("selp.b32 {oj}, {m}, {oj}, {last}"));
-                    }
+        let w: Vec<String> = (0..8).map(|_| asm.reg(Kind::B32)).collect();
+        for x in &w[4..] {
+            asm.op(format!("mov.b32 {x}, 0"));
+        }
+        asm.op(format!(
+            "{}ld.global.v4.b32 {{{}}}, [{addr}]",
+            guard(&pred),
+            w[..4].join(", ")
+        ));
+        asm.op(format!(
+            "@{second} ld.global.v4.b32 {{{}}}, [{addr}+16]",
+            w[4..].join(", ")
+        ));
+        // Word j of the result: bytes shift + 4j.. of w; select by the shift's word
+        // bits, then a funnel shift by its half bit.
+        let (b4, b8) = (asm.reg(Kind::Pred), asm.reg(Kind::Pred));
+        let t = asm.reg(Kind::B32);
+        asm.op(format!("and.b32 {t}, {shift}, 4"));
+        asm.op(format!("setp.ne.u32 {b4}, {t}, 0"));
+        asm.op(format!("and.b32 {t}, {shift}, 8"));
+        asm.op(format!("setp.ne.u32 {b8}, {t}, 0"));
+        let half = asm.reg(Kind::B32);
+        asm.op(format!("and.b32 {half}, {shift}, 2"));
+        asm.op(format!("shl.b32 {half}, {half}, 3"));
+        let x: Vec<String> = (0..7)
+            .map(|j| {
+                let x = asm.reg(Kind::B32);
+                asm.op(format!("selp.b32 {x}, {}, {}, {b4}", w[j + 1], w[j]));
+                x
+            })
+            .collect();
+        let u: Vec<String> = (0..5)
+            .map(|j| {
+                let u = asm.reg(Kind::B32);
+                asm.op(format!("selp.b32 {u}, {}, {}, {b8}", x[j + 2], x[j]));
+                u
+            })
+            .collect();
+        let o: Vec<String> = (0..4)
+            .map(|j| {
+                let o = asm.reg(Kind::B32);
+                asm.op(format!(
+                    "shf.r.clamp.b32 {o}, {}, {}, {half}",
+                    u[j],
+                    u[j + 1]
+                ));
+                o
+            })
+            .collect();
+        if let Some(last) = &last {
+            for (j, oj) in o.iter().enumerate() {
+                if 2 * j >= tail {
+                    asm.op(format!("selp.b32 {oj}, 0, {oj}, {last}"));
+                } else if 2 * j + 1 == tail {
+                    let m = asm.reg(Kind::B32);
+                    asm.op(format!("and.b32 {m}, {oj}, 65535"));
+                    asm.op(format!("selp.b32 {oj}, {m}, {oj}, {last}"));
                 }
             }
-            let at = asm.reg(Kind::B32);
-            asm.op(format!("mad.lo.u32 {at}, {col}, {}, {shared}", 2 * so));
-            asm.op(format!("mad.lo.u32 {at}, {r}, 16, {at}"));
-            asm.op(format!(
-                "{}st.shared.v4.b32 [{at}], {{{}}}",
-                guard(&pred),
-                o.join(", ")
-            ));
         }
-        i += GROUP;
+        let at = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {at}, {col}, {}, {shared}", 2 * so));
+        asm.op(format!("mad.lo.u32 {at}, {r}, 16, {at}"));
+        asm.op(format!(
+            "{}st.shared.v4.b32 [{at}], {{{}}}",
+            guard(&pred),
+            o.join(", ")
+        ));
     }
 }
 
@@ -2309,12 +2294,7 @@ fn copy_c_columns(
     let per_col = p.m / cv;
     let total = per_col * p.n;
     for i in 0..total.div_ceil(tpp) {
-        let q = asm.reg(Kind::B32);
-        asm.op(format!("add.u32 {q}, {lt}, {}", i * tpp));
-        let pred = ((i + 1) * tpp > total).then(|| asm.lt(&q, &total.to_string()));
-        let (col, r) = (asm.reg(Kind::B32), asm.reg(Kind::B32));
-        asm.op(format!("div.u32 {col}, {q}, {per_col}"));
-        asm.op(format!("rem.u32 {r}, {q}, {per_col}"));
+        let (pred, col, r) = vector_slot(asm, lt, tpp, i, per_col, total);
         let goff = asm.reg(Kind::B32);
         asm.op(format!("mul.lo.u32 {goff}, {r}, {cv}"));
         asm.op(format!("mad.lo.u32 {goff}, {col}, {ldc}, {goff}"));
@@ -2341,6 +2321,26 @@ fn copy_c_columns(
             asm.op(format!("{g}st.global.{ty} [{gaddr}], {list}"));
         }
     }
+}
+
+/// The vector a thread takes in round `round` when `tpp` threads take `total` vectors of
+/// columns of `per_col` vectors in turn: the guard of the last round (None when every
+/// thread has one), its column and its place in the column.
+fn vector_slot(
+    asm: &mut Asm,
+    lt: &str,
+    tpp: usize,
+    round: usize,
+    per_col: usize,
+    total: usize,
+) -> (Option<String>, String, String) {
+    let q = asm.reg(Kind::B32);
+    asm.op(format!("add.u32 {q}, {lt}, {}", round * tpp));
+    let pred = ((round + 1) * tpp > total).then(|| asm.lt(&q, &total.to_string()));
+    let (col, r) = (asm.reg(Kind::B32), asm.reg(Kind::B32));
+    asm.op(format!("div.u32 {col}, {q}, {per_col}"));
+    asm.op(format!("rem.u32 {r}, {q}, {per_col}"));
+    (pred, col, r)
 }
 
 /// The 32-bit words of one 16-byte vector, as a PTX vector operand.
