@@ -56,10 +56,10 @@ pub struct TuneArgs {
     /// its fastest (paper 004, Table I), and the schedules that serve most shapes win.
     #[arg(long, default_value_t = 0.0)]
     tolerance: f64,
-    /// Candidates timed per shape (the best by the cost model). 12 missed blockings that
-    /// won by 10-25% (f32 18x18x18 as 2x12, f32 28x28x28 as 1x28): the model ranks narrow
-    /// tails and long memory-broadcast blocks too low. All shapes 2..32 and the small-k
-    /// ones take about a minute at 32.
+    /// Candidates timed per shape (the best by the cost model). With 12, blockings that won
+    /// in the bench were never timed: f32 18x18x18 as 2x12 (0.81-0.87x -> 0.99-1.10x the
+    /// better of LIBXSMM and MKL JIT) is the model's 18th candidate. All shapes 2..32 and
+    /// the small-k ones take about a minute at 32.
     #[arg(long, default_value_t = 32)]
     candidates: usize,
     /// Timed samples per candidate.
