@@ -162,6 +162,20 @@ fn insert_form(isa: Isa, dtype: Dtype, bytes: usize) -> Option<VForm> {
     }
 }
 
+/// Full permutes (`Indices`, `PermuteVar`) exist for 512-bit f32 and f64 vectors only: the
+/// kernels that use them are lane-packed 3x3x3. Both emitters ask here.
+pub(crate) fn full_permutes(isa: Isa, program: &Program) -> Result<(), EmitError> {
+    let wide = matches!(
+        (program.dtype, program.lanes),
+        (Dtype::F32, 16) | (Dtype::F64, 8)
+    );
+    if isa == Isa::Avx512 && wide {
+        Ok(())
+    } else {
+        Err(EmitError::Unsupported("this width of full permute", isa))
+    }
+}
+
 /// The immediate of `vpermilps` / `vpermpd` for a selection within groups of four lanes.
 fn permute_imm(select: [u8; 4]) -> Result<u8, EmitError> {
     if select.iter().any(|&t| t >= 4) {
@@ -414,16 +428,6 @@ impl<'a> Emitter<'a> {
         })
     }
 
-    /// Full permutes (`Indices`, `PermuteVar`) exist for 512-bit f32 and f64 vectors only:
-    /// the kernels that use them are lane-packed 3x3x3.
-    fn full_permutes(&self) -> bool {
-        self.isa == Isa::Avx512
-            && matches!(
-                (self.program.dtype, self.program.lanes),
-                (Dtype::F32, 16) | (Dtype::F64, 8)
-            )
-    }
-
     fn narrow_forms(&mut self, bytes: usize) -> Result<Forms, EmitError> {
         let slot = match bytes {
             16 => 0,
@@ -494,12 +498,7 @@ impl<'a> Emitter<'a> {
                     .vec_imm8(form, dst, 0, Rm::Reg(src), Evex::default(), imm);
             }
             Op::Indices { dst, indices } => {
-                if !self.full_permutes() {
-                    return Err(EmitError::Unsupported(
-                        "this width of full permute",
-                        self.isa,
-                    ));
-                }
+                full_permutes(self.isa, self.program)?;
                 let r = self.v(dst)?;
                 // The constant goes after the code; `finish` binds its label.
                 let label = self.asm.new_label();
@@ -511,12 +510,7 @@ impl<'a> Emitter<'a> {
                 self.asm.vec_rip(form, r, label);
             }
             Op::PermuteVar { dst, index, src } => {
-                if !self.full_permutes() {
-                    return Err(EmitError::Unsupported(
-                        "this width of full permute",
-                        self.isa,
-                    ));
-                }
+                full_permutes(self.isa, self.program)?;
                 let (dst, index, src) = (self.v(dst)?, self.v(index)?, self.v(src)?);
                 let form = match dtype {
                     Dtype::F64 => enc::EVEX_VPERMPD_ZMM,

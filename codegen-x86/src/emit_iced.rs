@@ -370,15 +370,6 @@ impl<'a> Emitter<'a> {
         ))
     }
 
-    /// As the fast emitter: full permutes for 512-bit f32 and f64 vectors only.
-    fn full_permutes(&self) -> bool {
-        self.isa == Isa::Avx512
-            && matches!(
-                (self.program.dtype, self.program.lanes),
-                (Dtype::F32, 16) | (Dtype::F64, 8)
-            )
-    }
-
     fn v(&self, r: smallgemm_ir::VReg) -> Result<Register, EmitError> {
         if r.0 as usize >= self.program.vregs {
             return Err(EmitError::TooManyVectorRegisters(r.0 as usize + 1));
@@ -549,12 +540,11 @@ impl<'a> Emitter<'a> {
                 self.add(i)?;
             }
             Op::Indices { dst, indices } => {
-                let r = zmm::get_zmm(self.v(dst)?)
-                    .filter(|_| self.full_permutes())
-                    .ok_or(EmitError::Unsupported(
-                        "this width of full permute",
-                        self.isa,
-                    ))?;
+                crate::emit::full_permutes(self.isa, self.program)?;
+                let r = zmm::get_zmm(self.v(dst)?).ok_or(EmitError::Unsupported(
+                    "this width of full permute",
+                    self.isa,
+                ))?;
                 let label = self.asm.create_label();
                 self.index_constants.push((label, indices));
                 match dtype {
@@ -563,12 +553,7 @@ impl<'a> Emitter<'a> {
                 }
             }
             Op::PermuteVar { dst, index, src } => {
-                if !self.full_permutes() {
-                    return Err(EmitError::Unsupported(
-                        "this width of full permute",
-                        self.isa,
-                    ));
-                }
+                crate::emit::full_permutes(self.isa, self.program)?;
                 let (dst, index, src) = (self.v(dst)?, self.v(index)?, self.v(src)?);
                 let code = match dtype {
                     Dtype::F64 => Code::EVEX_Vpermpd_zmm_k1z_zmm_zmmm512b64,

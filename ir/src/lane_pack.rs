@@ -574,10 +574,10 @@ fn group_3x3_f64(
     offsets: [i64; 3],
     scalars: EpilogueScalars,
 ) -> Result<(), LowerError> {
-    const ELT: i64 = 8;
     let [a_off, b_off, c_off] = offsets;
-    let at = |reg: Gpr, offset: i64| -> Result<Addr, LowerError> {
-        Ok(Addr::new(reg, imm(offset * ELT)?))
+    // Element `element` of the matrix that starts `matrix` bytes past `reg`.
+    let at = |reg: Gpr, matrix: i64, element: i64| -> Result<Addr, LowerError> {
+        Ok(Addr::new(reg, imm(matrix + 8 * element)?))
     };
     let (acc, (acc_8, a_8)) = (regs.acc[0], regs.lane_8.expect("3x3 f64 registers"));
     let (a_window, b_window) = (regs.a_loaded, regs.b[0]);
@@ -590,12 +590,12 @@ fn group_3x3_f64(
         out.extend([
             Op::Load {
                 dst: a_window,
-                addr: at(Gpr::A, a_off / ELT + a_first)?,
+                addr: at(Gpr::A, a_off, a_first)?,
                 mask: Some(window(a_step)),
             },
             Op::Load {
                 dst: b_window,
-                addr: at(Gpr::B, b_off / ELT + b_first)?,
+                addr: at(Gpr::B, b_off, b_first)?,
                 mask: Some(window(b_step)),
             },
             Op::PermuteVar {
@@ -616,21 +616,21 @@ fn group_3x3_f64(
             },
             Op::LoadScalar {
                 dst: a_8,
-                addr: at(Gpr::A, a_off / ELT + a_first + 2 * a_step)?,
+                addr: at(Gpr::A, a_off, a_first + 2 * a_step)?,
             },
             Op::Narrow {
                 bytes: 16,
                 body: vec![Op::FmaBroadcast {
                     acc: acc_8,
                     a: a_8,
-                    b: at(Gpr::B, b_off / ELT + b_first + 2 * b_step)?,
+                    b: at(Gpr::B, b_off, b_first + 2 * b_step)?,
                     negate,
                 }],
             },
         ]);
     }
     let reads_c = p.beta != Scalar::Zero;
-    let c = at(Gpr::C, c_off / ELT)?;
+    let c = at(Gpr::C, c_off, 0)?;
     finish_vector(
         out,
         p.beta,
@@ -641,7 +641,7 @@ fn group_3x3_f64(
         scalars,
         None,
     );
-    let c_8 = at(Gpr::C, c_off / ELT + 8)?;
+    let c_8 = at(Gpr::C, c_off, 8)?;
     let old = reads_c.then_some((a_8, false));
     finish_vector(
         out,
