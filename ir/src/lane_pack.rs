@@ -313,12 +313,12 @@ pub(crate) fn lower(
     scalars.load(&mut ops);
     let mut masks = Vec::new();
     // 3x3 f32: nine lanes of every load and store; f64: windows of three and seven.
-    let whole = (g.side == 3).then_some(Mask(0));
-    if let Some(mask) = whole {
+    let whole = (g.side == 3).then_some(NINE_LANES);
+    if whole.is_some() {
         let lanes: Vec<(Mask, u32)> = if g.eight_plus_one() {
-            vec![(mask, 3), (SEVEN_LANES, 7), (ONE_LANE, 1)]
+            vec![(THREE_LANES, 3), (SEVEN_LANES, 7), (ONE_LANE, 1)]
         } else {
-            vec![(mask, 9), (EIGHT_LANES, 8)]
+            vec![(NINE_LANES, 9), (EIGHT_LANES, 8)]
         };
         for (mask, lanes) in lanes {
             masks.push(MaskDecl {
@@ -541,9 +541,13 @@ fn group(
     Ok(())
 }
 
-/// 3x3x3 f32: the mask of C's first eight lanes (stored as a plain 32-byte move).
+/// 3x3x3 f32: the masks of every load of A, B and C, and of C's first eight lanes (stored as
+/// a plain 32-byte move).
+const NINE_LANES: Mask = Mask(0);
 const EIGHT_LANES: Mask = Mask(1);
-/// 3x3x3 f64: windows of seven elements (an operand's row), and C[2, 2] alone.
+/// 3x3x3 f64: windows of three and of seven elements (an operand's column or row, by its
+/// step), and C[2, 2] alone.
+const THREE_LANES: Mask = Mask(0);
 const SEVEN_LANES: Mask = Mask(1);
 const ONE_LANE: Mask = Mask(2);
 
@@ -583,7 +587,7 @@ fn group_3x3_f64(
     let (a_window, b_window) = (regs.a_loaded, regs.b[0]);
     let negate = p.alpha == Scalar::MinusOne;
     out.extend([Op::Zero { dst: acc }, Op::Zero { dst: acc_8 }]);
-    let window = |step: i64| if step == 1 { Mask(0) } else { SEVEN_LANES };
+    let window = |step: i64| if step == 1 { THREE_LANES } else { SEVEN_LANES };
     for k in 0..3 {
         let (a_first, a_step) = line_3x3(Operand::A, p.trans_a, k);
         let (b_first, b_step) = line_3x3(Operand::B, p.trans_b, k);
