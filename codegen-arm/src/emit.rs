@@ -419,7 +419,7 @@ impl<'a> Emitter<'a> {
             }
             // Full-width arithmetic is a valid narrowing: the upper lanes are left undefined
             // (the lowering narrows only x86 tails).
-            Op::Narrow { ref body, .. } => self.ops(body)?,
+            Op::Narrow { .. } => {}
             // Lane-packed kernels are x86-only (`lane_pack::geometry` refuses NEON).
             Op::BroadcastGroup { .. }
             | Op::Permute { .. }

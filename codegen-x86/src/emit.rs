@@ -324,8 +324,18 @@ impl<'a> Emitter<'a> {
     }
 
     fn ops(&mut self, ops: &[Op]) -> Result<(), EmitError> {
-        for op in ops {
-            self.op(op)?;
+        let mut ops = ops.iter();
+        while let Some(op) = ops.next() {
+            let &Op::Narrow { bytes } = op else {
+                self.op(op)?;
+                continue;
+            };
+            let next = narrowed(ops.next())?;
+            let narrow = self.narrow_forms(bytes as usize)?;
+            let full = std::mem::replace(&mut self.forms, narrow);
+            let result = self.op(next);
+            self.forms = full;
+            result?;
         }
         Ok(())
     }
@@ -675,13 +685,8 @@ impl<'a> Emitter<'a> {
                     Err(_) => self.asm.add64_imm32(dst, imm),
                 }
             }
-            Op::Narrow { bytes, ref body } => {
-                let narrow = self.narrow_forms(bytes as usize)?;
-                let full = std::mem::replace(&mut self.forms, narrow);
-                let result = self.ops(body);
-                self.forms = full;
-                result?;
-            }
+            // `ops` applies a prefix to the operation after it.
+            Op::Narrow { .. } => return Err(EmitError::StrayNarrow),
             Op::Loop {
                 counter,
                 trips,
@@ -753,4 +758,11 @@ fn gp(r: Register) -> u8 {
 fn opmask(i: u8) -> Result<u8, EmitError> {
     let k = regs::opmask(i)?;
     Ok((k as u32 - Register::K0 as u32) as u8)
+}
+
+/// The operation a `Narrow` prefix applies to: the next of its body, neither a loop nor
+/// another prefix.
+pub(crate) fn narrowed(next: Option<&Op>) -> Result<&Op, EmitError> {
+    next.filter(|op| !matches!(op, Op::Narrow { .. } | Op::Loop { .. }))
+        .ok_or(EmitError::StrayNarrow)
 }

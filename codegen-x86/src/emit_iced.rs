@@ -208,7 +208,7 @@ pub(crate) struct Emitter<'a> {
     /// Bytes from rbp up to the stack pointer at entry (when the kernel has a frame).
     entry_offset: i32,
     forms: Forms,
-    /// Bytes of the vectors being emitted (narrower inside `Op::Narrow`).
+    /// Bytes of the vectors being emitted (narrower after an `Op::Narrow` prefix).
     width: usize,
     /// AVX2 tail masks: (label of the constant, vector register, enabled lanes).
     mask_constants: Vec<(CodeLabel, u32)>,
@@ -346,8 +346,20 @@ impl<'a> Emitter<'a> {
     }
 
     fn ops(&mut self, ops: &[Op]) -> Result<(), EmitError> {
-        for op in ops {
-            self.op(op)?;
+        let mut ops = ops.iter();
+        while let Some(op) = ops.next() {
+            let &Op::Narrow { bytes } = op else {
+                self.op(op)?;
+                continue;
+            };
+            let next = crate::emit::narrowed(ops.next())?;
+            let narrow = forms(self.isa, self.program.dtype, bytes as usize)?;
+            let full = std::mem::replace(&mut self.forms, narrow);
+            let width = std::mem::replace(&mut self.width, bytes as usize);
+            let result = self.op(next);
+            self.forms = full;
+            self.width = width;
+            result?;
         }
         Ok(())
     }
@@ -721,15 +733,8 @@ impl<'a> Emitter<'a> {
                 };
                 self.add(Instruction::with2(code, self.gpr(dst)?, imm)?)?;
             }
-            Op::Narrow { bytes, ref body } => {
-                let narrow = forms(self.isa, dtype, bytes as usize)?;
-                let full = std::mem::replace(&mut self.forms, narrow);
-                let width = std::mem::replace(&mut self.width, bytes as usize);
-                let result = self.ops(body);
-                self.forms = full;
-                self.width = width;
-                result?;
-            }
+            // `ops` applies a prefix to the operation after it.
+            Op::Narrow { .. } => return Err(EmitError::StrayNarrow),
             Op::Loop {
                 counter,
                 trips,

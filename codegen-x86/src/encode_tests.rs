@@ -1349,3 +1349,60 @@ fn bad_programs_are_errors() {
     program.vregs = 1;
     assert!(crate::emit(&program, Isa::Avx2).is_err());
 }
+
+/// A `Narrow` prefix with no operation after it in its body, or before another prefix, is
+/// an error in both encoders.
+#[test]
+fn stray_narrow_prefixes_are_errors() {
+    use smallgemm_ir::Op;
+    /// The innermost body with a prefix.
+    fn narrowing_body(ops: &mut Vec<Op>) -> Option<&mut Vec<Op>> {
+        if ops.iter().any(|op| matches!(op, Op::Narrow { .. })) {
+            return Some(ops);
+        }
+        ops.iter_mut().find_map(|op| match op {
+            Op::Loop { body, .. } => narrowing_body(body),
+            _ => None,
+        })
+    }
+    // Rows 8..12 are a tail beside a full vector: narrowed.
+    let spec = GemmSpec::builder(Dtype::F64, 12, 4, 5).build().unwrap();
+    let schedule = Schedule {
+        m_vectors: 2,
+        n_cols: 4,
+        k_unroll: 0,
+        unroll_m_blocks: true,
+        unroll_n_blocks: true,
+        vector_bytes: 0,
+        batch_unroll: 0,
+        prefetch: false,
+        split_tail: false,
+        interleave: false,
+        lane_pack: false,
+    };
+    let target = Target::AVX512;
+    let program = lower(&spec.col_major(), target, &schedule).unwrap();
+    for doubled in [false, true] {
+        let mut bad = program.clone();
+        let body = narrowing_body(&mut bad.ops).expect("a narrowed tail");
+        let at = match doubled {
+            true => body
+                .iter()
+                .position(|op| matches!(op, Op::Narrow { .. }))
+                .unwrap(),
+            false => body.len(),
+        };
+        body.insert(at, Op::Narrow { bytes: 32 });
+        for conv in [CallConv::SysV, CallConv::Win64] {
+            assert!(matches!(
+                crate::emit_with(&bad, target.isa, conv),
+                Err(crate::EmitError::StrayNarrow)
+            ));
+            assert!(matches!(
+                crate::emit_iced(&bad, target.isa, conv),
+                Err(crate::EmitError::StrayNarrow)
+            ));
+        }
+    }
+    assert!(crate::emit(&program, target.isa).is_ok());
+}

@@ -41,6 +41,8 @@ pub enum EmitError {
     Unsupported(&'static str, Isa),
     #[error("iced-x86: {0}")]
     Encoder(String),
+    #[error("a Narrow prefix must be followed, in its body, by an operation other than a loop or another prefix")]
+    StrayNarrow,
 }
 
 impl From<iced_x86::IcedError> for EmitError {

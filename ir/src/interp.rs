@@ -89,7 +89,7 @@ struct Machine<'a, T: Element> {
     vregs: Vec<Option<[T; MAX_LANES]>>,
     gprs: Vec<Option<Value>>,
     masks: Vec<Option<usize>>,
-    /// Lanes of the arithmetic inside an `Op::Narrow`.
+    /// Lanes of the operation after an `Op::Narrow` prefix.
     narrow: Option<usize>,
 }
 
@@ -178,7 +178,7 @@ impl<T: Element> Machine<'_, T> {
         self.program.lanes
     }
 
-    /// Lanes the arithmetic computes: all, or those of an enclosing `Narrow`.
+    /// Lanes the arithmetic computes: all, or those of a `Narrow` prefix.
     fn active_lanes(&self) -> usize {
         self.narrow.unwrap_or(self.program.lanes)
     }
@@ -193,10 +193,38 @@ impl<T: Element> Machine<'_, T> {
     }
 
     fn run(&mut self, ops: &[Op]) -> Result<(), InterpError> {
-        for op in ops {
-            self.exec(op)?;
+        let mut ops = ops.iter();
+        while let Some(op) = ops.next() {
+            let &Op::Narrow { bytes } = op else {
+                self.exec(op)?;
+                continue;
+            };
+            let (lanes, width) = (self.lanes(), bytes as usize / std::mem::size_of::<T>());
+            let next = ops
+                .next()
+                .filter(|next| !matches!(next, Op::Narrow { .. } | Op::Loop { .. }));
+            let (Some(next), 1..) = (next, width) else {
+                return Err(self.bad_narrowing(op, width));
+            };
+            if width > lanes {
+                return Err(self.bad_narrowing(op, width));
+            }
+            self.narrow = Some(width);
+            let result = self.exec(next);
+            self.narrow = None;
+            result?;
         }
         Ok(())
+    }
+
+    fn bad_narrowing(&self, op: &Op, width: usize) -> InterpError {
+        InterpError::Undefined {
+            op: format!("{op:?}"),
+            what: format!(
+                "{width} of {} lanes, or no operation after the prefix in its body",
+                self.lanes()
+            ),
+        }
     }
 
     fn exec(&mut self, op: &Op) -> Result<(), InterpError> {
@@ -385,18 +413,9 @@ impl<T: Element> Machine<'_, T> {
                 };
                 self.gprs[dst.0 as usize] = Some(v);
             }
-            Op::Narrow { bytes, body } => {
-                let width = *bytes as usize / std::mem::size_of::<T>();
-                if width == 0 || width > lanes || self.narrow.is_some() {
-                    return Err(InterpError::Undefined {
-                        op: format!("{op:?}"),
-                        what: format!("{width} of {lanes} lanes, or a nested narrowing"),
-                    });
-                }
-                self.narrow = Some(width);
-                let result = self.run(body);
-                self.narrow = None;
-                result?;
+            // `run` applies a prefix to the operation after it.
+            Op::Narrow { bytes } => {
+                return Err(self.bad_narrowing(op, *bytes as usize / std::mem::size_of::<T>()))
             }
             Op::Loop {
                 counter,
@@ -437,7 +456,7 @@ impl<T: Element> Machine<'_, T> {
 
     fn active(&self, op: &Op, mask: Option<Mask>) -> Result<usize, InterpError> {
         match mask {
-            // Inside a Narrow, a load reads only its low lanes and clears the rest.
+            // After a Narrow prefix, a load reads only its low lanes and clears the rest.
             None => Ok(self.active_lanes()),
             Some(m) => self
                 .masks

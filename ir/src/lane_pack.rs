@@ -622,14 +622,12 @@ fn group_3x3_f64(
                 dst: a_8,
                 addr: at(Gpr::A, a_off, a_first + 2 * a_step)?,
             },
-            Op::Narrow {
-                bytes: 16,
-                body: vec![Op::FmaBroadcast {
-                    acc: acc_8,
-                    a: a_8,
-                    b: at(Gpr::B, b_off, b_first + 2 * b_step)?,
-                    negate,
-                }],
+            Op::Narrow { bytes: 16 },
+            Op::FmaBroadcast {
+                acc: acc_8,
+                a: a_8,
+                b: at(Gpr::B, b_off, b_first + 2 * b_step)?,
+                negate,
             },
         ]);
     }
@@ -682,18 +680,20 @@ fn gather_b(
                 addr,
                 mask: None,
             };
-            out.push(match group {
-                0 if groups == 1 => load,
-                0 => Op::Narrow {
-                    bytes: 4 * elt as u32,
-                    body: vec![load],
-                },
-                _ => Op::InsertGroup {
+            match group {
+                0 if groups == 1 => out.push(load),
+                0 => out.extend([
+                    Op::Narrow {
+                        bytes: 4 * elt as u32,
+                    },
+                    load,
+                ]),
+                _ => out.push(Op::InsertGroup {
                     dst: b,
                     addr,
                     group: group as u8,
-                },
-            });
+                }),
+            }
         }
     }
     Ok(())

@@ -258,12 +258,10 @@ impl Lowering<'_> {
     fn interleave_pairs(&mut self, matrices: Vec<Vec<Op>>, masks: &[MaskDecl]) -> Vec<Op> {
         fn straight(ops: &[Op]) -> bool {
             ops.iter().all(|op| {
-                if let Op::Narrow { body, .. } = op {
-                    return straight(body);
-                }
                 matches!(
                     op,
-                    Op::Zero { .. }
+                    Op::Narrow { .. }
+                        | Op::Zero { .. }
                         | Op::Load { .. }
                         | Op::Store { .. }
                         | Op::Broadcast { .. }
@@ -299,9 +297,10 @@ impl Lowering<'_> {
                 break;
             };
             debug_assert_eq!(first.len(), second.len());
-            for (a, b) in first.into_iter().zip(second) {
-                out.push(a);
-                out.push(shift_vregs(b, shift as u8));
+            let (mut a, mut b) = (first.into_iter(), second.into_iter());
+            // One operation of each in turn, each with its Narrow prefix if it has one.
+            while push_unit(&mut out, &mut a, 0) {
+                push_unit(&mut out, &mut b, shift as u8);
             }
         }
         out
@@ -1030,21 +1029,26 @@ pub(crate) fn finish_vector(
     });
 }
 
-/// Pushes `op`, inside an `Op::Narrow` of `bytes` when given: the one just before when it is
-/// of the same width (one `Narrow` per operation made compiling a tail-heavy kernel twice
-/// as slow).
+/// Pushes `op`, after an `Op::Narrow` prefix of `bytes` when given.
 fn push_at(out: &mut Vec<Op>, bytes: Option<u32>, op: Op) {
-    let Some(bytes) = bytes else {
-        out.push(op);
-        return;
-    };
-    match out.last_mut() {
-        Some(Op::Narrow { bytes: b, body }) if *b == bytes => body.push(op),
-        _ => out.push(Op::Narrow {
-            bytes,
-            body: vec![op],
-        }),
+    if let Some(bytes) = bytes {
+        out.push(Op::Narrow { bytes });
     }
+    out.push(op);
+}
+
+/// Moves the next operation of `ops`, with its `Narrow` prefix if it has one, to `out`, its
+/// vector registers `shift` higher; false when `ops` is done.
+fn push_unit(out: &mut Vec<Op>, ops: &mut impl Iterator<Item = Op>, shift: u8) -> bool {
+    let Some(op) = ops.next() else {
+        return false;
+    };
+    let prefix = matches!(op, Op::Narrow { .. });
+    out.push(shift_vregs(op, shift));
+    if prefix {
+        out.extend(ops.next().map(|op| shift_vregs(op, shift)));
+    }
+    true
 }
 
 /// `op` with every vector register `shift` higher.
@@ -1124,10 +1128,6 @@ fn shift_vregs(op: Op, shift: u8) -> Op {
             dst: s(dst),
             a: s(a),
             b: s(b),
-        },
-        Op::Narrow { bytes, body } => Op::Narrow {
-            bytes,
-            body: body.into_iter().map(|op| shift_vregs(op, shift)).collect(),
         },
         other => other,
     }

@@ -60,9 +60,14 @@ fn with_prefetches(
                 .and_then(|&d| i32::try_from(addr.offset as i64 + d).ok());
             if let Some(offset) = target {
                 if seen.insert((addr.base, (addr.offset as i64).div_euclid(LINE))) {
-                    out.push(Op::Prefetch {
+                    let prefetch = Op::Prefetch {
                         addr: Addr::new(addr.base, offset),
-                    });
+                    };
+                    // Before op's Narrow prefix, if it has one: the prefix applies to op.
+                    match out.last() {
+                        Some(Op::Narrow { .. }) => out.insert(out.len() - 1, prefetch),
+                        _ => out.push(prefetch),
+                    }
                 }
             }
         }

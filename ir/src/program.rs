@@ -150,12 +150,16 @@ pub enum Op {
     StoreConst { value: f64, addr: Addr },
     /// dst = the 64-bit address stored at addr (pointer-array batches).
     LoadAddress { dst: Gpr, addr: Addr },
-    /// `body`'s arithmetic (Fma, FmaBroadcast, Add, Sub, Mul) on the low `bytes` of its
-    /// registers only (x86: xmm or ymm instructions in a zmm or ymm kernel): the vectors of a
-    /// row block's tail, whose upper lanes hold nothing the kernel stores. Lanes of a
-    /// destination above `bytes` are undefined afterwards, except that an unmasked Load
-    /// reads `bytes` and clears the lanes above (lane-packed kernels gather B this way).
-    Narrow { bytes: u32, body: Vec<Op> },
+    /// A prefix: the next operation (arithmetic: Fma, FmaBroadcast, Add, Sub, Mul; or an
+    /// unmasked Load) works on the low `bytes` of its registers only (x86: an xmm or ymm
+    /// instruction in a zmm or ymm kernel): the vectors of a row block's tail, whose upper
+    /// lanes hold nothing the kernel stores. Lanes of a destination above `bytes` are
+    /// undefined afterwards, except that an unmasked Load reads `bytes` and clears the lanes
+    /// above (lane-packed kernels gather B this way). A prefix rather than a container: tail
+    /// kernels narrow every other operation, and a body per operation made compiling them a
+    /// third slower. It must be followed by an operation in the same body, not by a Loop or
+    /// another Narrow.
+    Narrow { bytes: u32 },
     /// A hint: start bringing the cache line at addr into the core's L2 cache. No effect on
     /// any value; never faults, even past the end of the batch.
     Prefetch { addr: Addr },
@@ -224,7 +228,8 @@ impl Program {
                         c.fmas += times;
                         c.broadcasts += times
                     }
-                    Op::Narrow { body, .. } => walk(body, times, c),
+                    // A prefix of the next operation, which counts itself.
+                    Op::Narrow { .. } => {}
                     Op::Loop { trips, body, .. } => {
                         let n = match trips {
                             Trips::Const(n) => *n as u64,
@@ -296,13 +301,20 @@ impl fmt::Display for Program {
     /// A readable listing, one operation per line, loops indented.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fn list(ops: &[Op], depth: usize, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            let pad = "  ".repeat(depth);
+            let indent = "  ".repeat(depth);
+            // A narrowed operation shares the line of its prefix.
+            let mut narrowed = false;
             let m = |mask: &Option<Mask>| match mask {
                 Some(Mask(i)) => format!(" {{m{i}}}"),
                 None => String::new(),
             };
             let neg = |n: &bool| if *n { "fnma" } else { "fma" };
             for op in ops {
+                let pad = if std::mem::take(&mut narrowed) {
+                    ""
+                } else {
+                    &indent
+                };
                 match op {
                     Op::Zero { dst } => writeln!(f, "{pad}v{} = 0", dst.0)?,
                     Op::Load { dst, addr, mask } => {
@@ -375,10 +387,9 @@ impl fmt::Display for Program {
                         writeln!(f, "{pad}{dst} = load.address {addr}")?
                     }
                     Op::Prefetch { addr } => writeln!(f, "{pad}prefetch {addr}")?,
-                    Op::Narrow { bytes, body } => {
-                        writeln!(f, "{pad}narrow {bytes} bytes {{")?;
-                        list(body, depth + 1, f)?;
-                        writeln!(f, "{pad}}}")?;
+                    Op::Narrow { bytes } => {
+                        write!(f, "{pad}narrow {bytes} bytes: ")?;
+                        narrowed = true;
                     }
                     Op::Copy { dst, src } => writeln!(f, "{pad}{dst} = {src}")?,
                     Op::AddImm { dst, imm } => writeln!(f, "{pad}{dst} += {imm}")?,

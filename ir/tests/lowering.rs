@@ -215,3 +215,60 @@ fn planner_respects_register_file() {
         }
     }
 }
+
+/// A `Narrow` prefix applies to the operation after it in its body: one with none after it,
+/// or before another prefix, is an error, not a silently full-width operation.
+#[test]
+fn stray_narrow_prefixes_are_errors() {
+    use smallgemm_ir::Op;
+    /// The innermost body with a prefix.
+    fn narrowing_body(ops: &mut Vec<Op>) -> Option<&mut Vec<Op>> {
+        if ops.iter().any(|op| matches!(op, Op::Narrow { .. })) {
+            return Some(ops);
+        }
+        ops.iter_mut().find_map(|op| match op {
+            Op::Loop { body, .. } => narrowing_body(body),
+            _ => None,
+        })
+    }
+    // Rows 8..12 are a tail beside a full vector: narrowed.
+    let spec = GemmSpec::builder(Dtype::F64, 12, 4, 5).build().unwrap();
+    let schedule = Schedule {
+        m_vectors: 2,
+        n_cols: 4,
+        k_unroll: 0,
+        unroll_m_blocks: true,
+        unroll_n_blocks: true,
+        vector_bytes: 0,
+        batch_unroll: 0,
+        prefetch: false,
+        split_tail: false,
+        interleave: false,
+        lane_pack: false,
+    };
+    let (_, program) = compile_program(&spec, Target::AVX512, Some(&schedule)).unwrap();
+    let mut bad = Vec::new();
+    for doubled in [false, true] {
+        let mut p = program.clone();
+        let body = narrowing_body(&mut p.ops).expect("a narrowed tail");
+        let at = match doubled {
+            true => body
+                .iter()
+                .position(|op| matches!(op, Op::Narrow { .. }))
+                .unwrap(),
+            false => body.len(),
+        };
+        body.insert(at, Op::Narrow { bytes: 32 });
+        bad.push(p);
+    }
+    for p in &bad {
+        let mut data = TestData::<f64>::new(&spec, 1, 7);
+        let (a, b) = (data.a.clone(), data.b.clone());
+        assert!(interpret(p, &a, &b, data.c_mut(), 1, &[]).is_err(), "{p}");
+    }
+    let mut data = TestData::<f64>::new(&spec, 1, 7);
+    let (a, b) = (data.a.clone(), data.b.clone());
+    interpret(&program, &a, &b, data.c_mut(), 1, &[]).unwrap();
+    let (alpha, beta) = (spec.alpha().value(), spec.beta().value());
+    assert!(data.check(alpha.unwrap(), beta.unwrap()).passed());
+}
