@@ -59,11 +59,18 @@ pub struct Jit {
     tuning_error: Option<Error>,
 }
 
+/// The cores this process may run on, read once: `available_parallelism` reads the cgroup
+/// files on every call, which cost a new `Jit` about 15 µs.
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Threads a new JIT uses: `SMALLGEMM_NUM_THREADS` if set to a positive number, else every
 /// core; never more than the cores, since batches of small GEMMs gain nothing from
 /// oversubscription.
 fn default_threads() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = cores();
     std::env::var("SMALLGEMM_NUM_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
@@ -107,7 +114,12 @@ impl Jit {
             }
             None => tuning::TuningDb::default(),
         };
-        self.tuning = Arc::new(user.with_fallback(tuning::shipped()));
+        // The JIT reads only the CPU entries.
+        self.tuning = if user.cpu.is_empty() {
+            tuning::shipped_shared().clone()
+        } else {
+            Arc::new(user.with_fallback(tuning::shipped()))
+        };
         self
     }
 
@@ -131,8 +143,7 @@ impl Jit {
 
     /// This JIT with batches split over `threads` threads (at least 1, at most the cores).
     pub fn with_threads(mut self, threads: usize) -> Jit {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        self.threads = threads.clamp(1, cores);
+        self.threads = threads.clamp(1, cores());
         self.pool = OnceLock::new();
         self
     }

@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use smallgemm_ir::{GemmSpec, Isa, Schedule, Trans};
@@ -51,10 +52,16 @@ pub fn default_path() -> Option<PathBuf> {
 /// --candidates 32 --reps 31`, and the same with `--sizes none --small-k`, on the
 /// development machine (see `jit-runtime/tuning/`).
 pub fn shipped() -> &'static TuningDb {
-    static SHIPPED: std::sync::OnceLock<TuningDb> = std::sync::OnceLock::new();
+    shipped_shared()
+}
+
+/// The shipped database, parsed once and shared by every `Jit` without a database of its own
+/// (copying it cost a new `Jit` about 10 µs).
+pub(crate) fn shipped_shared() -> &'static Arc<TuningDb> {
+    static SHIPPED: std::sync::OnceLock<Arc<TuningDb>> = std::sync::OnceLock::new();
     SHIPPED.get_or_init(|| {
         // A test checks that it parses; should it not, the planner serves every shape.
-        serde_json::from_str(include_str!("../tuning/shipped.json")).unwrap_or_default()
+        Arc::new(serde_json::from_str(include_str!("../tuning/shipped.json")).unwrap_or_default())
     })
 }
 
