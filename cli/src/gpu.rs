@@ -499,6 +499,11 @@ struct TuneArgs {
     /// or flat A and B with the C prefetch, up to 2 problems per block and at least 4 warps.
     #[arg(long)]
     flatc_only: bool,
+    /// Only the planned schedule, with each count of blocks per SM that ptxas must make
+    /// room for (`min_blocks`: 0, the code generator's rule, and 1..=4 up to what the
+    /// block's threads allow).
+    #[arg(long)]
+    min_blocks: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -664,7 +669,37 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                         && s.tba <= 2
                         && (s.warps >= 2 || n <= 24))
             };
-            for s in candidates(&spec, gpu.target())
+            let all = match (args.min_blocks, planned) {
+                (true, Some(p)) => {
+                    let threads = p.resources(&spec.col_major()).threads_per_block.max(1);
+                    // Counts past what shared memory allows give the same code: one each.
+                    let mut seen = Vec::new();
+                    (0..=4)
+                        .filter(|&b| b * threads <= 2048)
+                        .map(|b| GpuSchedule { min_blocks: b, ..p })
+                        .filter(|s| {
+                            let k = smallgemm_codegen_ptx::generate(
+                                &spec,
+                                gpu.target(),
+                                Some(s),
+                                BatchKind::Strided,
+                            );
+                            let text = k.ok().map(|k| {
+                                k.ptx
+                                    .replace(&k.entry, "")
+                                    .lines()
+                                    .filter(|l| !l.trim_start().starts_with("//"))
+                                    .collect::<String>()
+                            });
+                            let new = !seen.contains(&text);
+                            seen.push(text);
+                            new
+                        })
+                        .collect()
+                }
+                _ => candidates(&spec, gpu.target()),
+            };
+            for s in all
                 .into_iter()
                 .filter(|s| !args.mma_only || s.mma.is_some())
                 .filter(|s| !args.ldmatrix_only || s.mma.is_none() || s.ldmatrix)

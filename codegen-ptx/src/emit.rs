@@ -1294,7 +1294,7 @@ pub(crate) fn kernel(
     };
     let _ = writeln!(out, ".maxntid {}, 1, 1", res.threads_per_block);
     let narrow_c = flat.c_pad.is_some_and(|c| c.cv < 8);
-    if s.mma.is_some() && (flat.c.is_some() || narrow_c) {
+    if s.min_blocks > 0 || (s.mma.is_some() && (flat.c.is_some() || narrow_c)) {
         // Tensor-core kernels with C in shared memory at sizes that are no multiple of 8
         // (C flat, or padded with 4- or 8-byte column copies): ask ptxas for as many blocks
         // per SM as shared memory and the warp slots allow. Left alone it spent registers
@@ -1302,15 +1302,21 @@ pub(crate) fn kernel(
         // block instead of 2) and lost up to 14 points of the bound on the H100; with the
         // cap, at most 20 bytes of spills, and 67..126 gained up to 16 points. The kernels
         // with 16-byte C copies (multiples of 8) measured mixed (112 +9, 96 -5, 120 -3):
-        // left alone.
+        // left alone there, but a schedule may ask for its own count (`min_blocks`, a
+        // tuner dimension): at 112 and 104, 2 and 3 blocks let ptxas take 56 and 40
+        // registers against 40 and 32, the blocks per SM unchanged (shared memory allows
+        // 2 and 3), and gained 8-11 and 0-2 points (docs/gpu-notes.md, version 9).
         let smem = match sm {
             Sm::Sm80 => 164 * 1024,
             Sm::Sm90 => 228 * 1024,
         };
         // 1 KiB of shared memory per block is the system's.
-        let blocks = (smem / (shared + 1024))
+        let mut blocks = (smem / (shared + 1024))
             .min(2048 / res.threads_per_block as usize)
             .min(32);
+        if s.min_blocks > 0 {
+            blocks = blocks.min(s.min_blocks as usize);
+        }
         if blocks > 1 {
             let _ = writeln!(out, ".minnctapersm {blocks}");
         }

@@ -138,7 +138,16 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
         (Dtype::F16, Accumulate::Native) => "_acc16",
         _ => "",
     };
-    format!("{}{}{mma}_tba{}{acc}", spec.name(), kind.suffix(), s.tba)
+    let mb = match s.min_blocks {
+        0 => String::new(),
+        b => format!("_mb{b}"),
+    };
+    format!(
+        "{}{}{mma}_tba{}{acc}{mb}",
+        spec.name(),
+        kind.suffix(),
+        s.tba
+    )
 }
 
 /// The default schedule for `spec` (tensor cores only for strided and pointer-array f16).

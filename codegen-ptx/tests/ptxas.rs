@@ -94,8 +94,17 @@ fn kernels(target: &GpuTarget) -> Vec<PtxKernel> {
         {
             continue;
         }
-        // Squares: every variant; the other shapes: every eighth, in turn.
-        for (j, s) in mma_variants().into_iter().enumerate() {
+        // Squares: every variant; the other shapes: every eighth, in turn. The squares also
+        // with each count of blocks per SM for ptxas (`min_blocks`, a tuner dimension).
+        let mut variants = mma_variants();
+        if square {
+            let planned = smallgemm_ir::plan_gpu(&spec.col_major(), target).unwrap();
+            variants.extend((1..=4).map(|b| GpuSchedule {
+                min_blocks: b,
+                ..planned
+            }));
+        }
+        for (j, s) in variants.into_iter().enumerate() {
             if (square || j % 8 == i % 8) && s.validate(&spec.col_major(), target).is_ok() {
                 let k = generate(&spec, target, Some(&s), kind).unwrap();
                 // One definition per entry (a variant may be the planned kernel).

@@ -177,6 +177,12 @@ pub struct GpuSchedule {
     /// following each tile's mma one after another. Ignored by FMA kernels (they always do).
     #[serde(default)]
     pub prefetch_c: bool,
+    /// Blocks per SM ptxas must make room for (`.minnctapersm`, capping registers per
+    /// thread); 0: the code generator's own rule (as many as shared memory and the warp
+    /// slots allow for tensor-core kernels with C in shared memory at sizes that are no
+    /// multiple of 8, none elsewhere), 1: none.
+    #[serde(default)]
+    pub min_blocks: u32,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -239,6 +245,7 @@ impl GpuSchedule {
             stage,
             ldmatrix: false,
             prefetch_c: false,
+            min_blocks: 0,
         }
     }
 
@@ -255,6 +262,7 @@ impl GpuSchedule {
             stage: Staging::Padded,
             ldmatrix,
             prefetch_c: false,
+            min_blocks: 0,
         }
     }
 
@@ -267,11 +275,15 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}",
+                "mma w{} tba{}{}{stage}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
-                if self.prefetch_c { " pc" } else { "" }
+                if self.prefetch_c { " pc" } else { "" },
+                match self.min_blocks {
+                    0 => String::new(),
+                    b => format!(" mb{b}"),
+                }
             ),
             None => format!("r{}x{} tba{}{stage}", self.rm, self.rn, self.tba),
         }
@@ -486,6 +498,12 @@ const H100_F16_MMA: [(u32, u32, Mma); 113] = [
     (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 124..128
 ];
 
+/// Blocks per SM ptxas must make room for (`GpuSchedule::min_blocks`) where the H100 sweep
+/// (`smallgemm tune --gpu --dtype f16 --min-blocks` over the multiples of 8 from 96;
+/// docs/gpu-notes.md, version 9) found a count better than the code generator's rule:
+/// (n, blocks).
+const H100_F16_MIN_BLOCKS: [(usize, u32); 2] = [(104, 3), (112, 2)];
+
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
 /// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`); or `ldmatrix` with C
 /// through shared memory and flat A and B (`FlatC`: `Staging::FlatC`, no prefetch).
@@ -513,7 +531,12 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             16..=128 => H100_F16_MMA[big - 16],
             _ => (8, 1, Pre),
         };
+        let min_blocks = H100_F16_MIN_BLOCKS
+            .iter()
+            .find(|(n, _)| *n == big)
+            .map_or(0, |(_, b)| *b);
         GpuSchedule {
+            min_blocks,
             stage: match variant {
                 FlatPre => Staging::Flat,
                 FlatC => Staging::FlatC,

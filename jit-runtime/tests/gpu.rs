@@ -617,27 +617,36 @@ fn variable_size_batches_match() {
                 .beta(beta)
                 .build()
                 .unwrap();
-            if let Err(e) = match dtype {
-                Dtype::F64 => variable::<f64>(&gpu, &spec),
-                _ => variable::<f32>(&gpu, &spec),
-            } {
-                failures.push(e);
+            for packed in [false, true] {
+                if let Err(e) = match dtype {
+                    Dtype::F64 => variable::<f64>(&gpu, &spec, packed),
+                    _ => variable::<f32>(&gpu, &spec, packed),
+                } {
+                    failures.push(e);
+                }
             }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Each problem is its own tight spec, checked with TestData; all run in one launch.
-fn variable<T: GpuElement + smallgemm::Element>(gpu: &Gpu, spec: &GemmSpec) -> Result<(), String> {
-    let mut rng = SplitMix64::new(spec.m() as u64 + 99);
+/// Each problem is its own spec, checked with TestData; all run in one launch. `packed`:
+/// A and B of all problems back to back in one buffer each (most not 16-byte aligned: the
+/// kernels' flat 16-byte loader), and every fourth problem with leading dimensions past
+/// its extents (the element-wise loader); else each matrix in its own buffer, tight.
+fn variable<T: GpuElement + smallgemm::Element>(
+    gpu: &Gpu,
+    spec: &GemmSpec,
+    packed: bool,
+) -> Result<(), String> {
+    let mut rng = SplitMix64::new(spec.m() as u64 + 99 + u64::from(packed));
     let (alpha, beta) = (value(spec.alpha(), 1.25), value(spec.beta(), -0.75));
     let mut problems = Vec::new();
     let mut dims = Vec::new();
     for i in 0..200 {
         let mut pick = |max: usize| 1 + (rng.next_u64() % max as u64) as usize;
         let (m, n, k) = (pick(spec.m()), pick(spec.n()), pick(spec.k()));
-        let sub = GemmSpec::builder(spec.dtype(), m, n, k)
+        let mut sub = GemmSpec::builder(spec.dtype(), m, n, k)
             .layout(spec.layout())
             .trans_a(spec.trans_a())
             .trans_b(spec.trans_b())
@@ -645,6 +654,19 @@ fn variable<T: GpuElement + smallgemm::Element>(gpu: &Gpu, spec: &GemmSpec) -> R
             .beta(spec.beta())
             .build()
             .unwrap();
+        if packed && i % 4 == 3 {
+            sub = GemmSpec::builder(spec.dtype(), m, n, k)
+                .layout(spec.layout())
+                .trans_a(spec.trans_a())
+                .trans_b(spec.trans_b())
+                .lda(sub.ld(Operand::A) + 1 + (i % 3) as usize)
+                .ldb(sub.ld(Operand::B) + 2)
+                .ldc(sub.ld(Operand::C) + 1)
+                .alpha(spec.alpha())
+                .beta(spec.beta())
+                .build()
+                .unwrap();
+        }
         dims.extend(
             [
                 m,
@@ -669,8 +691,26 @@ fn variable<T: GpuElement + smallgemm::Element>(gpu: &Gpu, spec: &GemmSpec) -> R
         ));
     }
     let s = gpu.stream();
-    let pa: Vec<u64> = bufs.iter().map(|b| b.0.device_ptr(s).0).collect();
-    let pb: Vec<u64> = bufs.iter().map(|b| b.1.device_ptr(s).0).collect();
+    let mut pa: Vec<u64> = bufs.iter().map(|b| b.0.device_ptr(s).0).collect();
+    let mut pb: Vec<u64> = bufs.iter().map(|b| b.1.device_ptr(s).0).collect();
+    // Packed: A and B again, back to back, element offsets of any alignment.
+    let mut flat = Vec::new();
+    if packed {
+        let elt = std::mem::size_of::<T>() as u64;
+        for (i, ptrs) in [&mut pa, &mut pb].into_iter().enumerate() {
+            let all: Vec<T> = problems
+                .iter()
+                .flat_map(|p| if i == 0 { p.a.clone() } else { p.b.clone() })
+                .collect();
+            let buf = gpu.upload(&all).map_err(err)?;
+            let mut at = buf.device_ptr(s).0;
+            for (p, ptr) in problems.iter().zip(ptrs.iter_mut()) {
+                *ptr = at;
+                at += elt * if i == 0 { p.a.len() } else { p.b.len() } as u64;
+            }
+            flat.push(buf);
+        }
+    }
     let pc: Vec<u64> = bufs.iter().map(|b| b.2.device_ptr(s).0).collect();
     let (da, db, dc) = (
         gpu.upload_raw(&pa).map_err(err)?,
