@@ -1,7 +1,7 @@
 //! Program → x86-64 instructions, one match arm per operation.
 
 use iced_x86::Register;
-use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Target, Trips, VReg};
+use smallgemm_ir::{narrowed_ops, Addr, Dtype, Isa, Op, Program, Target, Trips, VReg};
 
 use smallgemm_ir::MachineCode;
 
@@ -324,16 +324,15 @@ impl<'a> Emitter<'a> {
     }
 
     fn ops(&mut self, ops: &[Op]) -> Result<(), EmitError> {
-        let mut ops = ops.iter();
-        while let Some(op) = ops.next() {
-            let &Op::Narrow { bytes } = op else {
+        for unit in narrowed_ops(ops) {
+            let (bytes, op) = unit.map_err(|_| EmitError::StrayNarrow)?;
+            let Some(bytes) = bytes else {
                 self.op(op)?;
                 continue;
             };
-            let next = narrowed(ops.next())?;
             let narrow = self.narrow_forms(bytes as usize)?;
             let full = std::mem::replace(&mut self.forms, narrow);
-            let result = self.op(next);
+            let result = self.op(op);
             self.forms = full;
             result?;
         }
@@ -758,11 +757,4 @@ fn gp(r: Register) -> u8 {
 fn opmask(i: u8) -> Result<u8, EmitError> {
     let k = regs::opmask(i)?;
     Ok((k as u32 - Register::K0 as u32) as u8)
-}
-
-/// The operation a `Narrow` prefix applies to: the next of its body, neither a loop nor
-/// another prefix.
-pub(crate) fn narrowed(next: Option<&Op>) -> Result<&Op, EmitError> {
-    next.filter(|op| !matches!(op, Op::Narrow { .. } | Op::Loop { .. }))
-        .ok_or(EmitError::StrayNarrow)
 }

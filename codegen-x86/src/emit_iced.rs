@@ -4,7 +4,7 @@
 use iced_x86::code_asm::registers::{xmm as xmm_regs, ymm, zmm};
 use iced_x86::code_asm::{qword_ptr, xmmword_ptr, ymmword_ptr, CodeAssembler, CodeLabel};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
-use smallgemm_ir::{Addr, Dtype, Isa, Op, Program, Trips, VReg};
+use smallgemm_ir::{narrowed_ops, Addr, Dtype, Isa, Op, Program, Trips, VReg};
 
 use smallgemm_ir::MachineCode;
 
@@ -346,17 +346,16 @@ impl<'a> Emitter<'a> {
     }
 
     fn ops(&mut self, ops: &[Op]) -> Result<(), EmitError> {
-        let mut ops = ops.iter();
-        while let Some(op) = ops.next() {
-            let &Op::Narrow { bytes } = op else {
+        for unit in narrowed_ops(ops) {
+            let (bytes, op) = unit.map_err(|_| EmitError::StrayNarrow)?;
+            let Some(bytes) = bytes else {
                 self.op(op)?;
                 continue;
             };
-            let next = crate::emit::narrowed(ops.next())?;
             let narrow = forms(self.isa, self.program.dtype, bytes as usize)?;
             let full = std::mem::replace(&mut self.forms, narrow);
             let width = std::mem::replace(&mut self.width, bytes as usize);
-            let result = self.op(next);
+            let result = self.op(op);
             self.forms = full;
             self.width = width;
             result?;

@@ -9,7 +9,7 @@
 use thiserror::Error;
 
 use crate::element::Element;
-use crate::program::{Addr, Gpr, Mask, Op, Program, Trips, VReg};
+use crate::program::{narrowed_ops, Addr, Gpr, Mask, Op, Program, Trips, VReg};
 
 /// Most lanes of any target (f32 in 512 bits).
 const MAX_LANES: usize = 16;
@@ -193,37 +193,32 @@ impl<T: Element> Machine<'_, T> {
     }
 
     fn run(&mut self, ops: &[Op]) -> Result<(), InterpError> {
-        let mut ops = ops.iter();
-        while let Some(op) = ops.next() {
-            let &Op::Narrow { bytes } = op else {
+        for unit in narrowed_ops(ops) {
+            let (bytes, op) = unit.map_err(|prefix| {
+                self.bad_narrowing(prefix, "no operation after the prefix in its body".into())
+            })?;
+            let Some(bytes) = bytes else {
                 self.exec(op)?;
                 continue;
             };
-            let (lanes, width) = (self.lanes(), bytes as usize / std::mem::size_of::<T>());
-            let next = ops
-                .next()
-                .filter(|next| !matches!(next, Op::Narrow { .. } | Op::Loop { .. }));
-            let (Some(next), 1..) = (next, width) else {
-                return Err(self.bad_narrowing(op, width));
-            };
-            if width > lanes {
-                return Err(self.bad_narrowing(op, width));
+            let width = bytes as usize / std::mem::size_of::<T>();
+            if width == 0 || width > self.lanes() {
+                let what = format!("{width} of {} lanes", self.lanes());
+                return Err(self.bad_narrowing(op, what));
             }
             self.narrow = Some(width);
-            let result = self.exec(next);
+            let result = self.exec(op);
             self.narrow = None;
             result?;
         }
         Ok(())
     }
 
-    fn bad_narrowing(&self, op: &Op, width: usize) -> InterpError {
+    /// A narrowing the interpreter cannot run: `what` says why.
+    fn bad_narrowing(&self, op: &Op, what: String) -> InterpError {
         InterpError::Undefined {
             op: format!("{op:?}"),
-            what: format!(
-                "{width} of {} lanes, or no operation after the prefix in its body",
-                self.lanes()
-            ),
+            what,
         }
     }
 
@@ -414,8 +409,8 @@ impl<T: Element> Machine<'_, T> {
                 self.gprs[dst.0 as usize] = Some(v);
             }
             // `run` applies a prefix to the operation after it.
-            Op::Narrow { bytes } => {
-                return Err(self.bad_narrowing(op, *bytes as usize / std::mem::size_of::<T>()))
+            Op::Narrow { .. } => {
+                return Err(self.bad_narrowing(op, "a prefix run on its own".into()))
             }
             Op::Loop {
                 counter,

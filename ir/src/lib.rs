@@ -37,7 +37,7 @@ pub use plan::{
     plan_streaming, prefetch_pays, UNROLL_BUDGET,
 };
 pub use program::{
-    Addr, Gpr, MachineCode, Mask, MaskDecl, Op, OpCounts, Param, Program, Trips, VReg,
+    narrowed_ops, Addr, Gpr, MachineCode, Mask, MaskDecl, Op, OpCounts, Param, Program, Trips, VReg,
 };
 pub use schedule::{epilogue_temporaries, BOperand, RegisterUse, Schedule, ScheduleError};
 pub use spec::{

@@ -203,6 +203,26 @@ pub struct Program {
     pub ops: Vec<Op>,
 }
 
+/// The operations of a body, each with the width of its `Narrow` prefix if it has one: the
+/// prefix rule read in one place for the interpreter and the encoders. A prefix with no
+/// operation after it in the body, or before a Loop or another prefix, is an `Err` holding
+/// the prefix.
+pub fn narrowed_ops(ops: &[Op]) -> impl Iterator<Item = Result<(Option<u32>, &Op), &Op>> {
+    let mut ops = ops.iter();
+    std::iter::from_fn(move || {
+        let op = ops.next()?;
+        let &Op::Narrow { bytes } = op else {
+            return Some(Ok((None, op)));
+        };
+        Some(match ops.next() {
+            Some(next) if !matches!(next, Op::Narrow { .. } | Op::Loop { .. }) => {
+                Ok((Some(bytes), next))
+            }
+            _ => Err(op),
+        })
+    })
+}
+
 impl Program {
     /// The vector register that holds `mask`, if masks live in vector registers.
     pub fn mask_vreg(&self, mask: Mask) -> Option<VReg> {
