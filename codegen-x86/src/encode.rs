@@ -514,7 +514,8 @@ impl Assembler {
         self.put(&[imm]);
     }
 
-    /// A VEX instruction with a RIP-relative memory operand at `label`.
+    /// A VEX or EVEX instruction with a RIP-relative memory operand at `label` (EVEX: no
+    /// mask, no broadcast).
     pub(crate) fn vec_rip(&mut self, f: VForm, reg: u8, label: Label) {
         debug_assert!(f.evex || reg < 16);
         let r = (reg >> 3) & 1;

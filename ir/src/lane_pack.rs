@@ -709,17 +709,15 @@ fn index_vectors(p: &ColMajorProblem, index: &[VReg]) -> Vec<Op> {
         }
         indices
     };
+    // Element i of op(X)'s line k (A's column, B's row) is at first + i * step.
+    let element = |x, trans, k: u8, i: u8| {
+        let (first, step) = line_3x3(x, trans, k as i64);
+        (first + i as i64 * step) as u8
+    };
     let mut ops = Vec::new();
     for k in 0..3u8 {
-        // Element (row, col) of a 3x3 column-major matrix is at row + 3 col.
-        let a = table(&|r, _| match p.trans_a {
-            Trans::N => r + 3 * k,
-            Trans::T => 3 * r + k,
-        });
-        let b = table(&|_, j| match p.trans_b {
-            Trans::N => k + 3 * j,
-            Trans::T => 3 * k + j,
-        });
+        let a = table(&|r, _| element(Operand::A, p.trans_a, k, r));
+        let b = table(&|_, j| element(Operand::B, p.trans_b, k, j));
         ops.push(Op::Indices {
             dst: index[k as usize],
             indices: a,

@@ -48,9 +48,10 @@ pub struct Schedule {
     #[serde(default)]
     pub interleave: bool,
     /// Several matrices, or the columns of one, side by side in the lanes of a vector, for
-    /// 2x2x2 and 4x4xk with k a multiple of 4 (see `lane_pack.rs`): groups of four lanes hold a 2x2 C or a column
-    /// of a 4x4 one, A's columns are repeated across groups and B's elements picked by
-    /// in-register permutes. Block fields (m_vectors, n_cols, k_unroll, the unroll flags,
+    /// 2x2x2, 3x3x3 and 4x4xk with k a multiple of 4 (see `lane_pack.rs`): groups of four
+    /// lanes hold a 2x2 C or a column of a 4x4 one, A's columns are repeated across groups
+    /// and B's elements picked by in-register permutes (3x3x3: one vector holds C, full
+    /// permutes). Block fields (m_vectors, n_cols, k_unroll, the unroll flags,
     /// split_tail, interleave, prefetch) do not apply; `batch_unroll` counts vectors of C.
     #[serde(default)]
     pub lane_pack: bool,
