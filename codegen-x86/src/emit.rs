@@ -671,7 +671,7 @@ impl<'a> Emitter<'a> {
             }
             Op::Prefetch { addr } => {
                 let m = self.mem(addr)?;
-                self.asm.prefetcht1(m);
+                self.asm.prefetcht0(m);
             }
             Op::Copy { dst, src } => {
                 let (dst, src) = (self.gpr(dst)?, self.gpr(src)?);

@@ -717,7 +717,7 @@ impl<'a> Emitter<'a> {
                 self.add(i)?;
             }
             Op::Prefetch { addr } => {
-                let i = Instruction::with1(Code::Prefetcht1_m8, self.mem(addr, false)?)?;
+                let i = Instruction::with1(Code::Prefetcht0_m8, self.mem(addr, false)?)?;
                 self.add(i)?;
             }
             Op::Copy { dst, src } => {

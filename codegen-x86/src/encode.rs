@@ -563,9 +563,9 @@ impl Assembler {
         self.len += n;
     }
 
-    /// `prefetcht1 m8` (0F 18 /2): towards L2 and the caches below it.
-    pub(crate) fn prefetcht1(&mut self, m: Rm) {
-        self.legacy(false, &[0x0F, 0x18], 2, m, &[]);
+    /// `prefetcht0 m8` (0F 18 /1): into every cache level.
+    pub(crate) fn prefetcht0(&mut self, m: Rm) {
+        self.legacy(false, &[0x0F, 0x18], 1, m, &[]);
     }
 
     /// `push r64`.

@@ -1103,8 +1103,8 @@ fn general_forms_match_iced() {
             );
             check(
                 &what,
-                iced(&Instruction::with1(Code::Prefetcht1_m8, im).unwrap()),
-                ours(|a| a.prefetcht1(Rm::Mem(*m))),
+                iced(&Instruction::with1(Code::Prefetcht0_m8, im).unwrap()),
+                ours(|a| a.prefetcht0(Rm::Mem(*m))),
             );
             check(
                 &what,

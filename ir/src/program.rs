@@ -160,8 +160,8 @@ pub enum Op {
     /// third slower. It must be followed by an operation in the same body, not by a Loop or
     /// another Narrow.
     Narrow { bytes: u32 },
-    /// A hint: start bringing the cache line at addr into the core's L2 cache. No effect on
-    /// any value; never faults, even past the end of the batch.
+    /// A hint: start bringing the cache line at addr into the core's caches (x86
+    /// `prefetcht0`). No effect on any value; never faults, even past the end of the batch.
     Prefetch { addr: Addr },
     /// dst = src.
     Copy { dst: Gpr, src: Gpr },
