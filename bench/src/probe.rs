@@ -1,6 +1,6 @@
 //! The machine's limits, measured in the same run as the GEMMs: one core's FMA peak (a
 //! register-only FMA loop), and the bandwidth of three access patterns over a buffer: the
-//! GEMM pattern (stream x, y, z and write z in place, z += x·y), copy (y = x) and triad
+//! GEMM pattern (stream x, y, z and write z in place, the traffic of z += x·y), copy (y = x) and triad
 //! (a = b + s·c). Written in inline assembly so that what runs is exactly the instruction mix
 //! we mean, at the vector width of the JIT's ISA, whatever the compiler's target.
 
@@ -10,7 +10,10 @@ use smallgemm::{Dtype, Isa};
 /// array (STREAM's convention: a read or a write of an array counts once).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pattern {
-    /// z += x·y: reads x, y, z and writes z — what a GEMM with beta ≠ 0 does to A, B, C.
+    /// Reads x, y, z and writes z in place: the traffic of z += x·y, what a GEMM with
+    /// beta ≠ 0 does to A, B, C. The values written are z's own (z | (x & y & 0), bitwise),
+    /// so the probe can stream over a GEMM's operands between its samples and leave every
+    /// element as it was, whatever type the bits hold.
     Gemm,
     /// y = x.
     Copy,
@@ -23,7 +26,7 @@ impl Pattern {
 
     pub fn name(self) -> &'static str {
         match self {
-            Pattern::Gemm => "gemm (z += x*y)",
+            Pattern::Gemm => "gemm (read x, y, z; write z)",
             Pattern::Copy => "copy",
             Pattern::Triad => "triad",
         }
@@ -94,16 +97,46 @@ pub fn stream(
     y: &[f64],
     z: &mut [f64],
 ) -> Result<usize, String> {
+    let bytes = x.len().min(y.len()).min(z.len()) * 8;
+    // SAFETY: each array holds at least `bytes` bytes; z is exclusively borrowed and so
+    // overlaps neither x nor y.
+    unsafe {
+        stream_raw(
+            isa,
+            pattern,
+            x.as_ptr().cast(),
+            y.as_ptr().cast(),
+            z.as_mut_ptr().cast(),
+            bytes,
+        )
+    }
+}
+
+/// [`stream`] over raw memory: `bytes` (rounded down to [`STEP_BYTES`]) from each of x, y
+/// and z, any alignment.
+///
+/// # Safety
+/// x and y must be readable and z readable and writable for `bytes` bytes, z must overlap
+/// neither x nor y, and nothing else may access z during the call. The Gemm pattern writes
+/// back the bits it read; copy and triad overwrite z with f64 values.
+pub unsafe fn stream_raw(
+    isa: Isa,
+    pattern: Pattern,
+    x: *const u8,
+    y: *const u8,
+    z: *mut u8,
+    bytes: usize,
+) -> Result<usize, String> {
     check_isa(isa)?;
-    let bytes = x.len().min(y.len()).min(z.len()) * 8 / STEP_BYTES * STEP_BYTES;
+    let bytes = bytes / STEP_BYTES * STEP_BYTES;
     if bytes == 0 {
         return Ok(0);
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let (x, y, z) = (x.as_ptr(), y.as_ptr(), z.as_mut_ptr());
-        // SAFETY: each array holds at least `bytes` bytes; z is exclusively borrowed and so
-        // overlaps neither x nor y; the ISA is supported (checked).
+        let (x, y, z) = (x.cast::<f64>(), y.cast::<f64>(), z.cast::<f64>());
+        // SAFETY: the caller's promises cover `bytes` bytes of each array; the loops use
+        // unaligned moves; the ISA is supported (checked).
         unsafe {
             match (isa, pattern) {
                 (Isa::Avx512, Pattern::Gemm) => gemm_zmm(x, y, z, bytes),
@@ -370,10 +403,11 @@ stream_fn!(
     "vmovupd zmm5, [{x} + {i} + 64]",
     "vmovupd zmm6, [{x} + {i} + 128]",
     "vmovupd zmm7, [{x} + {i} + 192]",
-    "vfmadd231pd zmm0, zmm4, [{y} + {i}]",
-    "vfmadd231pd zmm1, zmm5, [{y} + {i} + 64]",
-    "vfmadd231pd zmm2, zmm6, [{y} + {i} + 128]",
-    "vfmadd231pd zmm3, zmm7, [{y} + {i} + 192]",
+    // 0xF0: the result is the first operand (z); y is still read from memory.
+    "vpternlogq zmm0, zmm4, [{y} + {i}], 0xF0",
+    "vpternlogq zmm1, zmm5, [{y} + {i} + 64], 0xF0",
+    "vpternlogq zmm2, zmm6, [{y} + {i} + 128], 0xF0",
+    "vpternlogq zmm3, zmm7, [{y} + {i} + 192], 0xF0",
     "vmovupd [{z} + {i}], zmm0",
     "vmovupd [{z} + {i} + 64], zmm1",
     "vmovupd [{z} + {i} + 128], zmm2",
@@ -423,10 +457,19 @@ stream_fn!(
     "vmovupd ymm5, [{x} + {i} + 32]",
     "vmovupd ymm6, [{x} + {i} + 64]",
     "vmovupd ymm7, [{x} + {i} + 96]",
-    "vfmadd231pd ymm0, ymm4, [{y} + {i}]",
-    "vfmadd231pd ymm1, ymm5, [{y} + {i} + 32]",
-    "vfmadd231pd ymm2, ymm6, [{y} + {i} + 64]",
-    "vfmadd231pd ymm3, ymm7, [{y} + {i} + 96]",
+    // z | ((x & y) & !(x & y)) = z, bitwise; y is still read from memory.
+    "vandpd ymm4, ymm4, [{y} + {i}]",
+    "vandnpd ymm4, ymm4, ymm4",
+    "vorpd ymm0, ymm0, ymm4",
+    "vandpd ymm5, ymm5, [{y} + {i} + 32]",
+    "vandnpd ymm5, ymm5, ymm5",
+    "vorpd ymm1, ymm1, ymm5",
+    "vandpd ymm6, ymm6, [{y} + {i} + 64]",
+    "vandnpd ymm6, ymm6, ymm6",
+    "vorpd ymm2, ymm2, ymm6",
+    "vandpd ymm7, ymm7, [{y} + {i} + 96]",
+    "vandnpd ymm7, ymm7, ymm7",
+    "vorpd ymm3, ymm3, ymm7",
     "vmovupd [{z} + {i}], ymm0",
     "vmovupd [{z} + {i} + 32], ymm1",
     "vmovupd [{z} + {i} + 64], ymm2",
@@ -439,10 +482,18 @@ stream_fn!(
     "vmovupd ymm5, [{x} + {i} + 160]",
     "vmovupd ymm6, [{x} + {i} + 192]",
     "vmovupd ymm7, [{x} + {i} + 224]",
-    "vfmadd231pd ymm0, ymm4, [{y} + {i} + 128]",
-    "vfmadd231pd ymm1, ymm5, [{y} + {i} + 160]",
-    "vfmadd231pd ymm2, ymm6, [{y} + {i} + 192]",
-    "vfmadd231pd ymm3, ymm7, [{y} + {i} + 224]",
+    "vandpd ymm4, ymm4, [{y} + {i} + 128]",
+    "vandnpd ymm4, ymm4, ymm4",
+    "vorpd ymm0, ymm0, ymm4",
+    "vandpd ymm5, ymm5, [{y} + {i} + 160]",
+    "vandnpd ymm5, ymm5, ymm5",
+    "vorpd ymm1, ymm1, ymm5",
+    "vandpd ymm6, ymm6, [{y} + {i} + 192]",
+    "vandnpd ymm6, ymm6, ymm6",
+    "vorpd ymm2, ymm2, ymm6",
+    "vandpd ymm7, ymm7, [{y} + {i} + 224]",
+    "vandnpd ymm7, ymm7, ymm7",
+    "vorpd ymm3, ymm3, ymm7",
     "vmovupd [{z} + {i} + 128], ymm0",
     "vmovupd [{z} + {i} + 160], ymm1",
     "vmovupd [{z} + {i} + 192], ymm2",
@@ -521,12 +572,30 @@ mod tests {
             let n = 96; // 768 bytes: three steps
             let x: Vec<f64> = (0..n).map(|i| i as f64).collect();
             let y = vec![2.0; n];
-            let mut z = vec![1.0; n];
+            // The GEMM pattern writes back z's own bits, NaNs and denormals included.
+            let bits: Vec<u64> = (0..n as u64)
+                .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i << 52))
+                .collect();
+            let mut z: Vec<f64> = bits.iter().map(|&b| f64::from_bits(b)).collect();
             assert_eq!(stream(isa, Pattern::Gemm, &x, &y, &mut z), Ok(n * 8 * 4));
-            assert!(z
-                .iter()
-                .enumerate()
-                .all(|(i, v)| *v == 1.0 + 2.0 * i as f64));
+            assert!(z.iter().zip(&bits).all(|(v, &b)| v.to_bits() == b));
+            // Raw and misaligned (the operands of an f32 batch): the bytes in the whole
+            // steps unchanged, the bytes after them untouched.
+            let mut raw: Vec<u8> = (0..n * 8 + 4).map(|i| (i * 7 + 3) as u8).collect();
+            let before = raw.clone();
+            let counted = unsafe {
+                stream_raw(
+                    isa,
+                    Pattern::Gemm,
+                    x.as_ptr().cast(),
+                    y.as_ptr().cast(),
+                    raw.as_mut_ptr().add(4),
+                    n * 8 - 4,
+                )
+            };
+            assert_eq!(counted, Ok((n * 8 - STEP_BYTES) * 4));
+            assert_eq!(raw, before);
+            let mut z = vec![1.0; n];
             stream(isa, Pattern::Copy, &x, &y, &mut z).unwrap();
             assert_eq!(z, x);
             stream(isa, Pattern::Triad, &x, &y, &mut z).unwrap();

@@ -107,7 +107,7 @@ pub fn table(report: &Report) -> String {
         "FMA peak f64 GFLOP/s",
         "FMA peak f32 GFLOP/s",
         "L2 gemm-pattern GB/s",
-        "DRAM gemm (z+=x*y) GB/s",
+        "DRAM gemm-pattern GB/s",
         "DRAM copy GB/s",
         "DRAM triad GB/s"
     );
@@ -127,7 +127,8 @@ pub fn table(report: &Report) -> String {
     }
     let _ = writeln!(
         out,
-        "Bounds: hot = min(FMA peak, flops / (bytes / L2 bandwidth)); stream = flops / (bytes / DRAM gemm-pattern bandwidth);\n\
+        "Bounds: hot = min(FMA peak, flops / (bytes / L2 bandwidth)); stream = flops / (bytes / DRAM gemm-pattern bandwidth),\n\
+         the pattern timed over each case's own A, B and C in the same rounds as the figures (the table above: at the start);\n\
          bytes = A, B, C read once (C not when beta = 0) and C written once. Hot batch: {} KiB per thread; stream: {} MiB.",
         report.hot_bytes >> 10,
         report.stream_bytes >> 20

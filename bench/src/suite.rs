@@ -12,7 +12,7 @@ use crate::competitor::{BatchGemm, Competitor, Context, Real};
 use crate::latency::{self, LatencyReport};
 use crate::measure::{chunk, time_parallel, Timing};
 use crate::probe::{self, Pattern};
-use crate::stats::{ratio_of_medians, Summary};
+use crate::stats::{self, ratio_of_medians, Summary};
 
 /// (m, n, k).
 pub type Shape = (usize, usize, usize);
@@ -432,6 +432,20 @@ unsafe impl<T: Send> Send for SharedMut<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 
+/// A raw pointer to memory the threads of a measurement only read.
+#[derive(Clone, Copy)]
+struct SharedConst<T>(*const T);
+// SAFETY: only read, while nothing writes it.
+unsafe impl<T: Sync> Send for SharedConst<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for SharedConst<T> {}
+
+impl<T> SharedConst<T> {
+    fn ptr(&self) -> *const T {
+        self.0
+    }
+}
+
 impl<T> SharedMut<T> {
     // A method, so that closures capture the wrapper (Sync), not the raw pointer inside.
     fn ptr(&self) -> *mut T {
@@ -678,7 +692,7 @@ impl Runner<'_, '_> {
                 + spec.footprint(Operand::B) as f64
                 + c_reads * spec.footprint(Operand::C) as f64);
         let flops = spec.flops() * batch as f64;
-        let bound = match regime {
+        let mut bound = match regime {
             Regime::Hot => {
                 let peak = limits.peak(T::DTYPE);
                 let l2 = flops / (bytes / (limits.l2.median * 1e9)) / 1e9;
@@ -694,13 +708,11 @@ impl Runner<'_, '_> {
                     }
                 }
             }
-            Regime::Stream => {
-                let bw = limits.dram_gemm().ok_or("no DRAM bandwidth measured")?;
-                Bound {
-                    gflops: flops / (bytes / (bw * 1e9)) / 1e9,
-                    limit: "dram",
-                }
-            }
+            // Set after the rounds, from the probe timed in them.
+            Regime::Stream => Bound {
+                gflops: f64::NAN,
+                limit: "dram",
+            },
         };
         let timing = match regime {
             Regime::Hot => config.hot,
@@ -745,7 +757,11 @@ impl Runner<'_, '_> {
             ..one_sample
         };
         // Saturating: `--reps` sets the budget to Duration::MAX.
-        let budget = timing.budget.saturating_mul(prepared.len().max(1) as u32);
+        // The streaming rounds also time the bound's probe: a budget share of its own.
+        let participants = prepared.len() + usize::from(regime == Regime::Stream);
+        let budget = timing.budget.saturating_mul(participants.max(1) as u32);
+        let isa = self.ctx.jit.target().isa;
+        let (mut probe_bytes, mut probe_seconds) = (0.0, Vec::new());
         let measuring = Instant::now();
         for round in 0..timing.reps {
             if round >= timing.min_reps && measuring.elapsed() >= budget {
@@ -756,9 +772,23 @@ impl Runner<'_, '_> {
             } else {
                 &next_samples
             };
+            if regime == Regime::Stream {
+                let (counted, samples) = time_gemm_pattern(isa, a, b, c, threads, t)?;
+                probe_bytes = counted as f64;
+                probe_seconds.extend(samples);
+            }
             for ((_, g), out) in prepared.iter().zip(&mut seconds) {
                 out.extend(time_batch(&**g, spec, a, b, c, batch, threads, t)?);
             }
+        }
+        if regime == Regime::Stream {
+            // The bound's bandwidth: the GEMM pattern over this case's own A, B and C,
+            // one sample a round beside the competitors', so that what the shared
+            // machine's memory delivers during the case moves the bound with the figures
+            // (the run's limits, measured once at its start, moved by up to 30% between
+            // cases on this VM).
+            let time = stats::median(&probe_seconds).ok_or("no probe samples")?;
+            bound.gflops = flops / (bytes / (probe_bytes / time)) / 1e9;
         }
         let smallgemm_seconds = prepared
             .iter()
@@ -800,6 +830,45 @@ pub fn hot_batch(spec: &GemmSpec, hot_bytes: usize) -> usize {
         .map(|&o| spec.footprint(o) * spec.dtype().size())
         .sum();
     (hot_bytes / per).clamp(1, 1 << 20)
+}
+
+/// Times the GEMM memory pattern ([`Pattern::Gemm`]) over the bytes of `a`, `b` and `c`
+/// (the length of the shortest), split over `threads` contiguous chunks; returns the bytes
+/// one call counts and the seconds of each sample. Every element is left as it was.
+fn time_gemm_pattern<T: Element>(
+    isa: Isa,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    threads: usize,
+    timing: &Timing,
+) -> Result<(usize, Vec<f64>), String> {
+    let steps = a.len().min(b.len()).min(c.len()) * std::mem::size_of::<T>() / probe::STEP_BYTES;
+    let (x, y, z) = (
+        a.as_ptr().cast::<u8>(),
+        b.as_ptr().cast::<u8>(),
+        SharedMut(c.as_mut_ptr().cast::<u8>()),
+    );
+    let (x, y) = (SharedConst(x), SharedConst(y));
+    let seconds = time_parallel(threads, timing, |i| {
+        let (start, len) = chunk(steps, threads, i);
+        let offset = start * probe::STEP_BYTES;
+        // SAFETY: thread i alone uses bytes offset..offset + len steps of each array, all
+        // inside a, b and c; c is exclusively borrowed, so z overlaps neither x nor y; the
+        // pattern writes back the bits it read.
+        unsafe {
+            probe::stream_raw(
+                isa,
+                Pattern::Gemm,
+                x.ptr().add(offset),
+                y.ptr().add(offset),
+                z.ptr().add(offset),
+                len * probe::STEP_BYTES,
+            )
+        }
+        .map(drop)
+    })?;
+    Ok((steps * probe::STEP_BYTES * Pattern::Gemm.traffic(), seconds))
 }
 
 /// Times `g` on the batch split over `threads` contiguous chunks.
