@@ -611,6 +611,19 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             for s in candidates(&spec, gpu.target())
                 .into_iter()
                 .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
+                // Each also with vector reads of A and B (`vector_reads`).
+                .flat_map(|s| {
+                    [
+                        GpuSchedule {
+                            vector_reads: false,
+                            ..s
+                        },
+                        GpuSchedule {
+                            vector_reads: true,
+                            ..s
+                        },
+                    ]
+                })
             {
                 match probe.time_variable(&gpu, d, &s, args.reps) {
                     Ok(row) => {
@@ -785,6 +798,19 @@ fn tune_buckets(
         for s in candidates(&sub, gpu.target())
             .into_iter()
             .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
+            // Each also with vector reads of A and B (`vector_reads`).
+            .flat_map(|s| {
+                [
+                    GpuSchedule {
+                        vector_reads: false,
+                        ..s
+                    },
+                    GpuSchedule {
+                        vector_reads: true,
+                        ..s
+                    },
+                ]
+            })
         {
             picks.insert(key.clone(), s);
             match measure(gpu, &picks) {
