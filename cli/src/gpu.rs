@@ -611,6 +611,19 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             for s in candidates(&spec, gpu.target())
                 .into_iter()
                 .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
+                // Each also with vector reads of A and B (`vector_reads`).
+                .flat_map(|s| {
+                    [
+                        GpuSchedule {
+                            vector_reads: false,
+                            ..s
+                        },
+                        GpuSchedule {
+                            vector_reads: true,
+                            ..s
+                        },
+                    ]
+                })
             {
                 match probe.time_variable(&gpu, d, &s, args.reps) {
                     Ok(row) => {
@@ -772,19 +785,36 @@ fn tune_buckets(
         d.name(),
         100.0 * current
     );
-    let mut sides: Vec<(usize, usize)> = [8, 16, 24, 32]
+    let ks: Vec<usize> = (1..=spec.k().div_ceil(cuda::BUCKET_K))
+        .map(|i| (i * cuda::BUCKET_K).min(spec.k()))
+        .collect();
+    let mut sides: Vec<(usize, usize, usize)> = [8, 16, 24, 32]
         .iter()
         .flat_map(|&m| [8, 16, 24, 32].map(|n| (m, n)))
+        .flat_map(|(m, n)| ks.iter().map(move |&k| (m, n, k)))
         .collect();
-    sides.sort_by_key(|&(m, n)| std::cmp::Reverse(m * n));
-    for (m, n) in sides {
-        let sub = cuda::bucket_spec(spec, m, n).map_err(|e| e.to_string())?;
+    sides.sort_by_key(|&(m, n, k)| std::cmp::Reverse(m * n * k));
+    for (m, n, k) in sides {
+        let sub = cuda::bucket_spec(spec, m, n, k).map_err(|e| e.to_string())?;
         let key = cuda::gpu_tuning_key(gpu.name(), &sub, BatchKind::VariableSize);
-        let mut line = format!("  bucket {m}x{n}:");
+        let mut line = format!("  bucket {m}x{n}x{k}:");
         let mut best = None;
         for s in candidates(&sub, gpu.target())
             .into_iter()
             .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
+            // Each also with vector reads of A and B (`vector_reads`).
+            .flat_map(|s| {
+                [
+                    GpuSchedule {
+                        vector_reads: false,
+                        ..s
+                    },
+                    GpuSchedule {
+                        vector_reads: true,
+                        ..s
+                    },
+                ]
+            })
         {
             picks.insert(key.clone(), s);
             match measure(gpu, &picks) {

@@ -267,9 +267,13 @@ fn load_operand(
     sl: usize,
     so: usize,
     v: usize,
+    perm: Option<(usize, usize)>,
 ) {
     let elt = dtype.size();
     let (kind, ty) = elt_kind(dtype);
+    // Permuted lead (`SharedLayout::a_perm`): lead index l stored at (l % t) * r + l / t,
+    // element by element.
+    let v = if perm.is_some() { 1 } else { v };
     // Work in units of `v` elements along the lead (whole vectors; v = 1 when the extents,
     // leading dimension or alignment do not allow wider accesses).
     let lead_ext = lead_ext / v;
@@ -303,12 +307,25 @@ fn load_operand(
     asm.op(format!("mul.wide.u32 {off64}, {off}, {elt}"));
     let gbase = asm.reg(Kind::B64);
     asm.op(format!("add.u64 {gbase}, {global}, {off64}"));
-    let sbase = asm.reg(Kind::B32);
-    asm.op(format!(
-        "mad.lo.u32 {sbase}, {l0}, {}, {shared}",
-        v * sl * elt
-    ));
-    asm.op(format!("mad.lo.u32 {sbase}, {o0}, {}, {sbase}", so * elt));
+    // The shared base of lead index l (a register of the thread's l0 + an offset in
+    // elements along the lead): without a permutation, l0's plus (l - l0) * sl.
+    let pos_base = |asm: &mut Asm, l: &str| -> String {
+        let pos = match perm {
+            Some((t, r)) => {
+                let (q, rr) = (asm.reg(Kind::B32), asm.reg(Kind::B32));
+                asm.op(format!("div.u32 {q}, {l}, {t}"));
+                asm.op(format!("rem.u32 {rr}, {l}, {t}"));
+                asm.op(format!("mad.lo.u32 {q}, {rr}, {r}, {q}"));
+                q
+            }
+            None => l.to_string(),
+        };
+        let b = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {b}, {pos}, {}, {shared}", v * sl * elt));
+        asm.op(format!("mad.lo.u32 {b}, {o0}, {}, {b}", so * elt));
+        b
+    };
+    let sbase = pos_base(asm, &l0);
     // Per-thread row/column step of the runtime leading dimension (variable sizes).
     let gstep = ld.runtime.as_ref().map(|r| {
         let s = asm.reg(Kind::B64);
@@ -318,6 +335,20 @@ fn load_operand(
     let zero = zero_literal(dtype);
     let lcount = lead_ext.div_ceil(tl);
     let ocount = other_ext.div_ceil(to);
+    // Per lead step: its shared base and offset. A permutation keeps the step an offset
+    // where the step is a multiple of its period, else each step gets its own base.
+    let lbases: Vec<(String, usize)> = (0..lcount)
+        .map(|li| match perm {
+            None => (sbase.clone(), li * tl * v * sl * elt),
+            Some((t, _)) if tl % t == 0 => (sbase.clone(), li * tl / t * sl * elt),
+            Some(_) if li == 0 => (sbase.clone(), 0),
+            Some(_) => {
+                let l = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {l}, {l0}, {}", li * tl));
+                (pos_base(asm, &l), 0)
+            }
+        })
+        .collect();
     // Predicates per lead step (constant over other steps).
     let mut lpreds = Vec::new();
     for li in 0..lcount {
@@ -384,10 +415,11 @@ fn load_operand(
                 Some(_) => li * tl * v * elt,
                 None => (li * tl * v + oi * to * ld.max) * elt,
             };
-            let soff = (li * tl * v * sl + oi * to * so) * elt;
+            let (sbase, lofs) = &lbases[li];
+            let soff = lofs + oi * to * so * elt;
             if v > 1 {
                 store_vector(
-                    asm, dtype, v, &grow, goff, &sbase, soff, sl, so, &store_p, data,
+                    asm, dtype, v, &grow, goff, sbase, soff, sl, so, &store_p, data,
                 );
                 continue;
             }
@@ -1096,7 +1128,8 @@ pub(crate) fn kernel(
         && kind == BatchKind::Strided
         && lead.runtime.is_none()
         && problem.lda.max == lead.max
-        && p.stride_a == packed;
+        && p.stride_a == packed
+        && layout.a_perm == 0;
     if flat.a.is_some() {
         // Staged flat above.
     } else if flat_ok
@@ -1132,6 +1165,7 @@ pub(crate) fn kernel(
             sl,
             so,
             v,
+            (layout.a_perm > 0).then_some((layout.a_perm, s.rm as usize)),
         );
     }
     let (lead, other, lext, oext, sl, so) = match p.trans_b {
@@ -1158,7 +1192,8 @@ pub(crate) fn kernel(
         && kind == BatchKind::Strided
         && lead.runtime.is_none()
         && problem.ldb.max == lead.max
-        && p.stride_b == packed;
+        && p.stride_b == packed
+        && layout.b_perm == 0;
     if flat.b.is_some() {
         // Staged flat above.
     } else if flat_ok
@@ -1194,6 +1229,7 @@ pub(crate) fn kernel(
             sl,
             so,
             v,
+            (layout.b_perm > 0).then_some((layout.b_perm, s.rn as usize)),
         );
     }
     if let (Some(c), Some(sc), true) = (flat.c_pad, &sc, p.beta != Scalar::Zero) {
@@ -1558,16 +1594,39 @@ fn fma_body(
         asm.op(format!("setp.ge.u32 {pn}, {ty}, {n}"));
         asm.op(format!("@{pn} bra {exit}"));
     }
+    // How each operand is read (`GpuSchedule::vector_reads`): element by element, one
+    // vector of the thread's adjacent (permuted) rows or columns per k step (`across`), or
+    // vectors along k (a k-contiguous copy, `along_k`).
+    let vectors = s.vectors_apply(p);
+    let a_across = vectors && layout.a_perm > 0;
+    let b_across = vectors && layout.b_perm > 0;
+    let a_along_k = vectors && layout.a_col == 1;
+    let b_along_k = vectors && layout.b_row == 1;
     let abase = asm.reg(Kind::B32);
     asm.op(format!(
         "mad.lo.u32 {abase}, {tx}, {}, {sa}",
-        layout.a_row * elt
+        if a_across { rm } else { layout.a_row } * elt
     ));
     let bbase = asm.reg(Kind::B32);
     asm.op(format!(
         "mad.lo.u32 {bbase}, {ty}, {}, {sb}",
-        layout.b_col * elt
+        if b_across { rn } else { layout.b_col } * elt
     ));
+    // Element offsets from the thread's base: A's (a, k) and B's (k, b).
+    let a_off = |a: usize, k: usize| {
+        if a_across {
+            a + k * layout.a_col
+        } else {
+            a * tm * layout.a_row + k * layout.a_col
+        }
+    };
+    let b_off = |k: usize, b: usize| {
+        if b_across {
+            k * layout.b_row + b
+        } else {
+            k * layout.b_row + b * tn * layout.b_col
+        }
+    };
 
     // Accumulator type and how a shared element becomes an operand.
     let (ld_ty, ld_kind) = match dtype {
@@ -1603,6 +1662,47 @@ fn fma_body(
     // steps; the zero-filled shared tail makes any extra steps harmless).
     let k_done = asm.label();
     let mut k_exit_used = false;
+    // Vector reads: elements per 16-byte vector, and the registers loaded so far by
+    // element offset.
+    let per = 16 / elt;
+    let mut a_cache = std::collections::HashMap::new();
+    let mut b_cache = std::collections::HashMap::new();
+    let vector_fetch = |asm: &mut Asm,
+                        cache: &mut std::collections::HashMap<usize, String>,
+                        base: &str,
+                        first: usize,
+                        count: usize,
+                        want: usize| {
+        if !cache.contains_key(&want) {
+            // `count` elements from `first` (aligned to the vector), in aligned pieces of
+            // 4, 2 or 1 elements.
+            let mut at = first;
+            let mut left = count;
+            while left > 0 {
+                let w = [4, 2, 1].into_iter().find(|&w| w <= left).unwrap_or(1);
+                let regs: Vec<String> = (0..w).map(|_| asm.reg(ld_kind)).collect();
+                if w == 1 {
+                    asm.op(format!(
+                        "ld.shared.{ld_ty} {}, [{base}+{}]",
+                        regs[0],
+                        at * elt
+                    ));
+                } else {
+                    asm.op(format!(
+                        "ld.shared.v{w}.{ld_ty} {{{}}}, [{base}+{}]",
+                        regs.join(", "),
+                        at * elt
+                    ));
+                }
+                for (i, r) in regs.into_iter().enumerate() {
+                    cache.insert(at + i, r);
+                }
+                at += w;
+                left -= w;
+            }
+        }
+        cache[&want].clone()
+    };
     for k in 0..p.k {
         if let Some(krt) = &problem.k.runtime {
             if k > 0 && k % 4 == 0 {
@@ -1612,12 +1712,36 @@ fn fma_body(
                 k_exit_used = true;
             }
         }
-        let av: Vec<String> = (0..rm)
-            .map(|a| fetch(asm, &abase, a * tm * layout.a_row + k * layout.a_col))
-            .collect();
-        let bv: Vec<String> = (0..rn)
-            .map(|b| fetch(asm, &bbase, k * layout.b_row + b * tn * layout.b_col))
-            .collect();
+        let av: Vec<String> = if a_across || a_along_k {
+            (0..rm)
+                .map(|a| {
+                    let (first, count) = if a_across {
+                        (a_off(a - a % per, k), rm.min(per))
+                    } else {
+                        let k0 = k - k % per;
+                        (a_off(a, k0), per.min(p.k - k0))
+                    };
+                    vector_fetch(asm, &mut a_cache, &abase, first, count, a_off(a, k))
+                })
+                .collect()
+        } else {
+            (0..rm).map(|a| fetch(asm, &abase, a_off(a, k))).collect()
+        };
+        let bv: Vec<String> = if b_across || b_along_k {
+            (0..rn)
+                .map(|b| {
+                    let (first, count) = if b_across {
+                        (b_off(k, b - b % per), rn.min(per))
+                    } else {
+                        let k0 = k - k % per;
+                        (b_off(k0, b), per.min(p.k - k0))
+                    };
+                    vector_fetch(asm, &mut b_cache, &bbase, first, count, b_off(k, b))
+                })
+                .collect()
+        } else {
+            (0..rn).map(|b| fetch(asm, &bbase, b_off(k, b))).collect()
+        };
         for a in 0..rm {
             for b in 0..rn {
                 let (x, y) = (&av[a], &bv[b]);

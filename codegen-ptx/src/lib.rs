@@ -124,14 +124,15 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
             if s.prefetch_c { "_pc" } else { "" }
         ),
         None => format!(
-            "_r{}x{}{}",
+            "_r{}x{}{}{}",
             s.rm,
             s.rn,
             match s.stage {
                 Staging::Padded => "",
                 Staging::Flat => "_flat",
                 Staging::FlatC => "_flatc",
-            }
+            },
+            if s.vector_reads { "_vr" } else { "" }
         ),
     };
     let acc = match (spec.dtype(), s.accumulate) {
@@ -175,6 +176,14 @@ pub fn plan(spec: &GemmSpec, target: &GpuTarget, kind: BatchKind) -> Result<GpuS
         if q.validate(&p, target).is_ok() {
             s = q;
         }
+    }
+    if kind == BatchKind::VariableSize && s.mma.is_none() && p.dtype == Dtype::F32 {
+        // Measured (H100, sizes uniform in 1..32, docs/gpu-notes.md, version 10): 16-byte
+        // shared reads of A and B (2 loads per k step instead of 8 at 4x4 tiles) took the
+        // bucketed f32 batch from 76-77% of the bound to 78-79%, the one launch from 62% to
+        // 64-65%. For f64 the one launch lost 10 points (137 registers against 106 at 4x4
+        // tiles) and the bucketed one gained nothing: left off.
+        s.vector_reads = true;
     }
     Ok(s)
 }

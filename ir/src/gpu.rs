@@ -183,6 +183,14 @@ pub struct GpuSchedule {
     /// multiple of 8, none elsewhere), 1: none.
     #[serde(default)]
     pub min_blocks: u32,
+    /// FMA kernels with padded staging (f32, f64): each thread reads its rows of A and its
+    /// columns of B as 8- or 16-byte shared vectors instead of element by element. An
+    /// operand whose lead in memory is k is kept k-contiguous and read 16 bytes along k (a
+    /// vector serves several k steps); one whose lead is m (n) is kept m- (n-) contiguous
+    /// with its rows (columns) permuted so that a thread's `rm` rows (`rn` columns) are
+    /// adjacent, read as one vector per k step. Ignored elsewhere.
+    #[serde(default)]
+    pub vector_reads: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -225,6 +233,12 @@ pub struct SharedLayout {
     pub b_row: usize,
     pub b_col: usize,
     pub b_len: usize,
+    /// Rows of A permuted (`GpuSchedule::vector_reads`): row i at `(i % a_perm) * rm + i /
+    /// a_perm` instead of i, so that the `rm` rows `tx + a * a_perm` of thread tx are
+    /// adjacent; 0: not permuted.
+    pub a_perm: usize,
+    /// Columns of B permuted likewise (`(j % b_perm) * rn + j / b_perm`); 0: not permuted.
+    pub b_perm: usize,
 }
 
 fn round_up(x: usize, to: usize) -> usize {
@@ -246,6 +260,7 @@ impl GpuSchedule {
             ldmatrix: false,
             prefetch_c: false,
             min_blocks: 0,
+            vector_reads: false,
         }
     }
 
@@ -263,6 +278,7 @@ impl GpuSchedule {
             ldmatrix,
             prefetch_c: false,
             min_blocks: 0,
+            vector_reads: false,
         }
     }
 
@@ -285,7 +301,13 @@ impl GpuSchedule {
                     b => format!(" mb{b}"),
                 }
             ),
-            None => format!("r{}x{} tba{}{stage}", self.rm, self.rn, self.tba),
+            None => format!(
+                "r{}x{} tba{}{stage}{}",
+                self.rm,
+                self.rn,
+                self.tba,
+                if self.vector_reads { " vr" } else { "" }
+            ),
         }
     }
 
@@ -294,9 +316,56 @@ impl GpuSchedule {
         (p.m.div_ceil(self.rm as usize) * p.n.div_ceil(self.rn as usize)) as u32
     }
 
+    /// Whether `vector_reads` takes effect for `p`: FMA kernels of f32 or f64 with padded
+    /// staging.
+    pub fn vectors_apply(&self, p: &ColMajorProblem) -> bool {
+        self.vector_reads
+            && self.mma.is_none()
+            && self.stage == Staging::Padded
+            && p.dtype != Dtype::F16
+    }
+
     /// The shared-memory layout the kernels use for `p` under this schedule.
     pub fn shared_layout(&self, p: &ColMajorProblem) -> SharedLayout {
         match self.mma {
+            None if self.vectors_apply(p) => {
+                // `vector_reads`: each operand keeps the order it has in memory. Lead k:
+                // k-contiguous, 16-byte aligned columns (rows) whose leading dimension is an
+                // odd number of 16-byte vectors, so that the vectors of 8 threads with
+                // consecutive rows (columns) fall in different banks. Lead m (n): m- (n-)
+                // contiguous, permuted so that a thread's rows (columns) are one vector.
+                let rows = round_up(p.m, self.rm as usize);
+                let cols = round_up(p.n, self.rn as usize);
+                let vec = 16 / p.dtype.size();
+                let k_ld = {
+                    let ld = round_up(p.k, vec);
+                    if (ld / vec) % 2 == 0 {
+                        ld + vec
+                    } else {
+                        ld
+                    }
+                };
+                // (No permutation for one row or column per thread.)
+                let period = |n: usize, r: u32| if r > 1 { n / r as usize } else { 0 };
+                let (a_row, a_col, a_perm) = match p.trans_a {
+                    Trans::N => (1, round_up(rows, vec), period(rows, self.rm)),
+                    Trans::T => (k_ld, 1, 0),
+                };
+                let (b_row, b_col, b_perm) = match p.trans_b {
+                    Trans::N => (1, k_ld, 0),
+                    Trans::T => (round_up(cols, vec), 1, period(cols, self.rn)),
+                };
+                SharedLayout {
+                    a_row,
+                    a_col,
+                    a_len: round_up((a_row * rows).max(a_col * p.k), 8),
+                    b_row,
+                    b_col,
+                    b_len: round_up((b_row * p.k).max(b_col * cols), 8),
+                    a_perm,
+                    b_perm,
+                }
+            }
             None => {
                 // A column-major: threads of a warp read consecutive rows (no conflict).
                 // Its leading dimension is odd when A is transposed in memory (the loads
@@ -320,6 +389,8 @@ impl GpuSchedule {
                     b_row: 1,
                     b_col: ldb,
                     b_len: round_up(ldb * cols, 8),
+                    a_perm: 0,
+                    b_perm: 0,
                 }
             }
             Some(s) => {
@@ -344,6 +415,8 @@ impl GpuSchedule {
                     b_row,
                     b_col,
                     b_len,
+                    a_perm: 0,
+                    b_perm: 0,
                 }
             }
         }

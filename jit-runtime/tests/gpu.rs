@@ -229,10 +229,20 @@ fn every_staging_matches() {
                 .build()
                 .unwrap();
             let p = spec.col_major();
-            for (rm, rn) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4)] {
-                for stage in [Staging::Padded, Staging::Flat, Staging::FlatC] {
+            for (rm, rn) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)] {
+                // Padded staging also with vector reads of A and B (`vector_reads`).
+                for (stage, vr) in [
+                    (Staging::Padded, false),
+                    (Staging::Flat, false),
+                    (Staging::FlatC, false),
+                    (Staging::Padded, true),
+                ] {
+                    if ((rm, rn) == (8, 4) && !vr) || (vr && d == Dtype::F16) {
+                        continue;
+                    }
                     for threads in [96u32, 512] {
                         let mut s = GpuSchedule::fma(rm, rn, 1, stage);
+                        s.vector_reads = vr;
                         s.tba = (threads / s.fma_threads(&p)).max(1);
                         if s.validate(&p, gpu.target()).is_err() {
                             continue;
