@@ -121,9 +121,27 @@ fn fma_cycles_at_least(problem: &ColMajorProblem, target: Target, width: usize) 
 }
 
 /// Bytes of A, B and C per matrix from which prefetching the next matrices pays when the
-/// batch streams from memory. Smaller matrices stream well on the hardware prefetchers
-/// alone (measured: 91-110% of the bandwidth bound at n = 3..8 f64).
-const PREFETCH_MIN_BYTES: usize = 2048;
+/// batch streams from memory (measured with the bound timed beside the kernels: the hot
+/// schedule plus prefetches took f64 5..8 and f32 6..12 from 77-85% of the bandwidth to
+/// 84-91%; 2x2x2..4x4x4 were mixed).
+const PREFETCH_MIN_BYTES: usize = 400;
+
+/// Bytes per matrix from which the streaming variant re-blocks as tall as m (see
+/// [`plan_streaming`]); smaller ones keep their tuned hot schedule, which the tall blocks
+/// (one matrix a trip, no interleaving) only matched.
+const TALL_MIN_BYTES: usize = 2048;
+
+/// Bytes of A, B and C of one matrix, padding included.
+fn matrix_bytes(problem: &ColMajorProblem) -> usize {
+    let cols = |trans: Trans, normal: usize, transposed: usize| match trans {
+        Trans::N => normal,
+        Trans::T => transposed,
+    };
+    problem.dtype.size()
+        * (problem.lda * cols(problem.trans_a, problem.k, problem.m)
+            + problem.ldb * cols(problem.trans_b, problem.n, problem.k)
+            + problem.ldc * problem.n)
+}
 
 /// Whether a variant of the kernel for `problem` that prefetches the next matrices
 /// (`Schedule::prefetch`) pays for batches that stream from memory: strided batches (the
@@ -132,23 +150,9 @@ const PREFETCH_MIN_BYTES: usize = 2048;
 /// the prefetches cost about 10% (measured, f64 n = 12..32, batch in L2), so the planner's
 /// schedules do not prefetch and the runtime picks the variant by the size of the batch.
 pub fn prefetch_pays(problem: &ColMajorProblem, target: Target) -> bool {
-    let bytes = problem.dtype.size()
-        * (problem.lda
-            * if problem.trans_a == Trans::N {
-                problem.k
-            } else {
-                problem.m
-            }
-            + problem.ldb
-                * if problem.trans_b == Trans::N {
-                    problem.n
-                } else {
-                    problem.k
-                }
-            + problem.ldc * problem.n);
     problem.batch_form == BatchForm::Strided
         && target.isa != Isa::Neon
-        && bytes >= PREFETCH_MIN_BYTES
+        && matrix_bytes(problem) >= PREFETCH_MIN_BYTES
 }
 
 /// Columns of the streaming variant's tall blocks on targets with 32 vector registers, among
@@ -162,8 +166,8 @@ const STREAM_COLS: usize = 6;
 const STREAM_COST_SLACK: f64 = 0.10;
 
 /// The schedule of the variant that runs batches streaming from memory (see
-/// [`prefetch_pays`]): `hot`'s, prefetching, but with register blocks as tall as all of m
-/// where the registers allow. Such blocks walk B and C once, column block after column
+/// [`prefetch_pays`]): `hot`'s, prefetching, but for matrices of [`TALL_MIN_BYTES`] or more
+/// with register blocks as tall as all of m where the registers allow. Such blocks walk B and C once, column block after column
 /// block, and A once before its lines sit in L1, each in ascending addresses; blocks a
 /// vector tall touch A's lines a few apart in each of several passes and B once per
 /// pass, which the hardware prefetchers and the one-trip-ahead prefetches follow less well
@@ -174,7 +178,7 @@ pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule)
         prefetch: true,
         ..*hot
     };
-    if hot.lane_pack {
+    if hot.lane_pack || matrix_bytes(problem) < TALL_MIN_BYTES {
         return prefetching;
     }
     let lanes = hot.lanes(target, problem.dtype);
