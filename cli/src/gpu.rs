@@ -508,6 +508,16 @@ struct TuneArgs {
     device: usize,
 }
 
+/// The candidates a variable-size batch can run (FMA kernels with padded staging), each
+/// also with vector reads of A and B (`vector_reads`).
+fn variable_candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
+    candidates(spec, target)
+        .into_iter()
+        .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
+        .flat_map(|s| [false, true].map(|vector_reads| GpuSchedule { vector_reads, ..s }))
+        .collect()
+}
+
 /// Candidate schedules for a square problem, pruned by the hard limits of the device and
 /// the soft rule of paper 001 (lightweight blocks: 64..=512 threads win for batches).
 pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
@@ -608,23 +618,7 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             let mut best: Option<(f64, GpuSchedule)> = None;
             let mut line = format!("{} variable 1..32:", d.name());
             let bw = bench::copy_bandwidth(&gpu, 256 << 20, 5).map_err(|e| e.to_string())?;
-            for s in candidates(&spec, gpu.target())
-                .into_iter()
-                .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
-                // Each also with vector reads of A and B (`vector_reads`).
-                .flat_map(|s| {
-                    [
-                        GpuSchedule {
-                            vector_reads: false,
-                            ..s
-                        },
-                        GpuSchedule {
-                            vector_reads: true,
-                            ..s
-                        },
-                    ]
-                })
-            {
+            for s in variable_candidates(&spec, gpu.target()) {
                 match probe.time_variable(&gpu, d, &s, args.reps) {
                     Ok(row) => {
                         let frac = row.ours_fraction(bw);
@@ -799,23 +793,7 @@ fn tune_buckets(
         let key = cuda::gpu_tuning_key(gpu.name(), &sub, BatchKind::VariableSize);
         let mut line = format!("  bucket {m}x{n}x{k}:");
         let mut best = None;
-        for s in candidates(&sub, gpu.target())
-            .into_iter()
-            .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
-            // Each also with vector reads of A and B (`vector_reads`).
-            .flat_map(|s| {
-                [
-                    GpuSchedule {
-                        vector_reads: false,
-                        ..s
-                    },
-                    GpuSchedule {
-                        vector_reads: true,
-                        ..s
-                    },
-                ]
-            })
-        {
+        for s in variable_candidates(&sub, gpu.target()) {
             picks.insert(key.clone(), s);
             match measure(gpu, &picks) {
                 Ok(frac) => {
