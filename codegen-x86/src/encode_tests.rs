@@ -1350,11 +1350,13 @@ fn bad_programs_are_errors() {
     assert!(crate::emit(&program, Isa::Avx2).is_err());
 }
 
-/// A `Narrow` prefix with no operation after it in its body, or before another prefix, is
-/// an error in both encoders.
+/// A `Narrow` prefix applies to the operation after it in its body: one with none after it,
+/// or before another prefix, is an error in the interpreter and in both encoders, not a
+/// silently full-width operation.
 #[test]
 fn stray_narrow_prefixes_are_errors() {
-    use smallgemm_ir::Op;
+    use smallgemm_ir::reference::TestData;
+    use smallgemm_ir::{interpret, Op};
     /// The innermost body with a prefix.
     fn narrowing_body(ops: &mut Vec<Op>) -> Option<&mut Vec<Op>> {
         if ops.iter().any(|op| matches!(op, Op::Narrow { .. })) {
@@ -1393,6 +1395,12 @@ fn stray_narrow_prefixes_are_errors() {
             false => body.len(),
         };
         body.insert(at, Op::Narrow { bytes: 32 });
+        let mut data = TestData::<f64>::new(&spec, 1, 7);
+        let (a, b) = (data.a.clone(), data.b.clone());
+        assert!(
+            interpret(&bad, &a, &b, data.c_mut(), 1, &[]).is_err(),
+            "{bad}"
+        );
         for conv in [CallConv::SysV, CallConv::Win64] {
             assert!(matches!(
                 crate::emit_with(&bad, target.isa, conv),
@@ -1404,5 +1412,10 @@ fn stray_narrow_prefixes_are_errors() {
             ));
         }
     }
+    let mut data = TestData::<f64>::new(&spec, 1, 7);
+    let (a, b) = (data.a.clone(), data.b.clone());
+    interpret(&program, &a, &b, data.c_mut(), 1, &[]).unwrap();
+    let (alpha, beta) = (spec.alpha().value(), spec.beta().value());
+    assert!(data.check(alpha.unwrap(), beta.unwrap()).passed());
     assert!(crate::emit(&program, target.isa).is_ok());
 }
