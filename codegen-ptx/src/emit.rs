@@ -1703,6 +1703,30 @@ fn fma_body(
         }
         cache[&want].clone()
     };
+    // One operand's `count` registers for step k, `off(i, k)` the element offset of its
+    // i-th row (column): element by element, or from the vectors across its rows or along k.
+    let read = |asm: &mut Asm,
+                cache: &mut std::collections::HashMap<usize, String>,
+                base: &str,
+                count: usize,
+                (across, along_k): (bool, bool),
+                k: usize,
+                off: &dyn Fn(usize, usize) -> usize|
+     -> Vec<String> {
+        (0..count)
+            .map(|i| {
+                let (first, n) = if across {
+                    (off(i - i % per, k), count.min(per))
+                } else if along_k {
+                    let k0 = k - k % per;
+                    (off(i, k0), per.min(p.k - k0))
+                } else {
+                    return fetch(asm, base, off(i, k));
+                };
+                vector_fetch(asm, cache, base, first, n, off(i, k))
+            })
+            .collect()
+    };
     for k in 0..p.k {
         if let Some(krt) = &problem.k.runtime {
             if k > 0 && k % 4 == 0 {
@@ -1712,36 +1736,24 @@ fn fma_body(
                 k_exit_used = true;
             }
         }
-        let av: Vec<String> = if a_across || a_along_k {
-            (0..rm)
-                .map(|a| {
-                    let (first, count) = if a_across {
-                        (a_off(a - a % per, k), rm.min(per))
-                    } else {
-                        let k0 = k - k % per;
-                        (a_off(a, k0), per.min(p.k - k0))
-                    };
-                    vector_fetch(asm, &mut a_cache, &abase, first, count, a_off(a, k))
-                })
-                .collect()
-        } else {
-            (0..rm).map(|a| fetch(asm, &abase, a_off(a, k))).collect()
-        };
-        let bv: Vec<String> = if b_across || b_along_k {
-            (0..rn)
-                .map(|b| {
-                    let (first, count) = if b_across {
-                        (b_off(k, b - b % per), rn.min(per))
-                    } else {
-                        let k0 = k - k % per;
-                        (b_off(k0, b), per.min(p.k - k0))
-                    };
-                    vector_fetch(asm, &mut b_cache, &bbase, first, count, b_off(k, b))
-                })
-                .collect()
-        } else {
-            (0..rn).map(|b| fetch(asm, &bbase, b_off(k, b))).collect()
-        };
+        let av = read(
+            asm,
+            &mut a_cache,
+            &abase,
+            rm,
+            (a_across, a_along_k),
+            k,
+            &a_off,
+        );
+        let bv = read(
+            asm,
+            &mut b_cache,
+            &bbase,
+            rn,
+            (b_across, b_along_k),
+            k,
+            &|b, k| b_off(k, b),
+        );
         for a in 0..rm {
             for b in 0..rn {
                 let (x, y) = (&av[a], &bv[b]);
