@@ -121,9 +121,9 @@ fn fma_cycles_at_least(problem: &ColMajorProblem, target: Target, width: usize) 
 }
 
 /// Bytes of A, B and C per matrix from which prefetching the next matrices pays when the
-/// batch streams from memory (measured with the bound timed beside the kernels: the hot
-/// schedule plus prefetches took f64 5..8 and f32 6..12 from 77-85% of the bandwidth to
-/// 84-91%; 2x2x2..4x4x4 were mixed).
+/// batch streams from memory (measured with the bandwidth probe timed beside the kernels:
+/// the hot schedule plus prefetches gained 1.3 to 7.5 points of it on average at f64 5..9
+/// and f32 6..12; 2x2x2..4x4x4 were mixed).
 const PREFETCH_MIN_BYTES: usize = 400;
 
 /// Bytes per matrix from which the streaming variant re-blocks as tall as m (see
@@ -167,11 +167,11 @@ const STREAM_COST_SLACK: f64 = 0.10;
 
 /// The schedule of the variant that runs batches streaming from memory (see
 /// [`prefetch_pays`]): `hot`'s, prefetching, but for matrices of [`TALL_MIN_BYTES`] or more
-/// with register blocks as tall as all of m where the registers allow. Such blocks walk B and C once, column block after column
-/// block, and A once before its lines sit in L1, each in ascending addresses; blocks a
-/// vector tall touch A's lines a few apart in each of several passes and B once per
-/// pass, which the hardware prefetchers and the one-trip-ahead prefetches follow less well
-/// (measured, f64 32x32x32 from DRAM, one thread: 0.68-0.82x LIBXSMM with the hot
+/// with register blocks as tall as all of m where the registers allow. Such blocks walk B
+/// and C once, column block after column block, and A once before its lines sit in L1,
+/// each in ascending addresses; blocks a vector tall touch A's lines a few apart in each
+/// of several passes and B once per pass, which the hardware prefetchers and the
+/// one-trip-ahead prefetches follow less well (measured, f64 32x32x32 from DRAM, one thread: 0.68-0.82x LIBXSMM with the hot
 /// schedule's 1x8 blocks, 0.97-1.15x with 4x6 ones).
 pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule) -> Schedule {
     let prefetching = Schedule {
@@ -200,9 +200,12 @@ pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule)
     let lowest = candidates.iter().map(|c| c.0).fold(f64::INFINITY, f64::min);
     // The estimate ties many widths (a block of 8 accumulators is as fast as one of 24 by
     // its FMA-latency term); measured, the widths near STREAM_COLS compute fastest.
-    let preference = |s: &Schedule| match target.vector_registers() >= 32 {
-        true => s.n_cols.abs_diff(STREAM_COLS),
-        false => 0,
+    let preference = |s: &Schedule| {
+        if target.vector_registers() >= 32 {
+            s.n_cols.abs_diff(STREAM_COLS)
+        } else {
+            0
+        }
     };
     let best = candidates
         .into_iter()
