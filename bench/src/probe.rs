@@ -1,7 +1,7 @@
 //! The machine's limits, measured in the same run as the GEMMs: one core's FMA peak (a
 //! register-only FMA loop), and the bandwidth of three access patterns over a buffer: the
-//! GEMM pattern (stream x, y, z and write z in place, the traffic of z += x·y), copy (y = x) and triad
-//! (a = b + s·c). Written in inline assembly so that what runs is exactly the instruction mix
+//! GEMM pattern (stream x, y, z and write z in place, the traffic of z += x·y), copy
+//! (y = x) and triad (a = b + s·c). Written in inline assembly so that what runs is exactly the instruction mix
 //! we mean, at the vector width of the JIT's ISA, whatever the compiler's target.
 
 use smallgemm::{Dtype, Isa};

@@ -247,13 +247,6 @@ impl Limits {
             _ => self.peak_f64.median,
         }
     }
-
-    pub fn dram_gemm(&self) -> Option<f64> {
-        self.dram
-            .iter()
-            .find(|(p, _)| *p == Pattern::Gemm)
-            .map(|(_, s)| s.median)
-    }
 }
 
 /// A figure's bound and what sets it.
@@ -431,20 +424,6 @@ struct SharedMut<T>(*mut T);
 unsafe impl<T: Send> Send for SharedMut<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for SharedMut<T> {}
-
-/// A raw pointer to memory the threads of a measurement only read.
-#[derive(Clone, Copy)]
-struct SharedConst<T>(*const T);
-// SAFETY: only read, while nothing writes it.
-unsafe impl<T: Sync> Send for SharedConst<T> {}
-// SAFETY: as above.
-unsafe impl<T: Sync> Sync for SharedConst<T> {}
-
-impl<T> SharedConst<T> {
-    fn ptr(&self) -> *const T {
-        self.0
-    }
-}
 
 impl<T> SharedMut<T> {
     // A method, so that closures capture the wrapper (Sync), not the raw pointer inside.
@@ -692,28 +671,6 @@ impl Runner<'_, '_> {
                 + spec.footprint(Operand::B) as f64
                 + c_reads * spec.footprint(Operand::C) as f64);
         let flops = spec.flops() * batch as f64;
-        let mut bound = match regime {
-            Regime::Hot => {
-                let peak = limits.peak(T::DTYPE);
-                let l2 = flops / (bytes / (limits.l2.median * 1e9)) / 1e9;
-                if peak <= l2 {
-                    Bound {
-                        gflops: peak,
-                        limit: "fma-peak",
-                    }
-                } else {
-                    Bound {
-                        gflops: l2,
-                        limit: "l2",
-                    }
-                }
-            }
-            // Set after the rounds, from the probe timed in them.
-            Regime::Stream => Bound {
-                gflops: f64::NAN,
-                limit: "dram",
-            },
-        };
         let timing = match regime {
             Regime::Hot => config.hot,
             Regime::Stream => config.stream,
@@ -781,15 +738,34 @@ impl Runner<'_, '_> {
                 out.extend(time_batch(&**g, spec, a, b, c, batch, threads, t)?);
             }
         }
-        if regime == Regime::Stream {
-            // The bound's bandwidth: the GEMM pattern over this case's own A, B and C,
-            // one sample a round beside the competitors', so that what the shared
-            // machine's memory delivers during the case moves the bound with the figures
-            // (the run's limits, measured once at its start, moved by up to 30% between
-            // cases on this VM).
-            let time = stats::median(&probe_seconds).ok_or("no probe samples")?;
-            bound.gflops = flops / (bytes / (probe_bytes / time)) / 1e9;
-        }
+        let bound = match regime {
+            Regime::Hot => {
+                let peak = limits.peak(T::DTYPE);
+                let l2 = flops / (bytes / (limits.l2.median * 1e9)) / 1e9;
+                if peak <= l2 {
+                    Bound {
+                        gflops: peak,
+                        limit: "fma-peak",
+                    }
+                } else {
+                    Bound {
+                        gflops: l2,
+                        limit: "l2",
+                    }
+                }
+            }
+            // The GEMM pattern over this case's own A, B and C, one sample a round beside
+            // the competitors', so that what the shared machine's memory delivers during
+            // the case moves the bound with the figures (the probe at the start of a run
+            // read 9.2 to 12.3 GB/s on one thread in runs an hour apart).
+            Regime::Stream => {
+                let time = stats::median(&probe_seconds).ok_or("no probe samples")?;
+                Bound {
+                    gflops: flops / (bytes / (probe_bytes / time)) / 1e9,
+                    limit: "dram",
+                }
+            }
+        };
         let smallgemm_seconds = prepared
             .iter()
             .position(|(c, _)| *c == Competitor::Smallgemm)
@@ -844,12 +820,7 @@ fn time_gemm_pattern<T: Element>(
     timing: &Timing,
 ) -> Result<(usize, Vec<f64>), String> {
     let steps = a.len().min(b.len()).min(c.len()) * std::mem::size_of::<T>() / probe::STEP_BYTES;
-    let (x, y, z) = (
-        a.as_ptr().cast::<u8>(),
-        b.as_ptr().cast::<u8>(),
-        SharedMut(c.as_mut_ptr().cast::<u8>()),
-    );
-    let (x, y) = (SharedConst(x), SharedConst(y));
+    let z = SharedMut(c.as_mut_ptr().cast::<u8>());
     let seconds = time_parallel(threads, timing, |i| {
         let (start, len) = chunk(steps, threads, i);
         let offset = start * probe::STEP_BYTES;
@@ -860,8 +831,8 @@ fn time_gemm_pattern<T: Element>(
             probe::stream_raw(
                 isa,
                 Pattern::Gemm,
-                x.ptr().add(offset),
-                y.ptr().add(offset),
+                a.as_ptr().cast::<u8>().add(offset),
+                b.as_ptr().cast::<u8>().add(offset),
                 z.ptr().add(offset),
                 len * probe::STEP_BYTES,
             )
