@@ -854,6 +854,28 @@ impl Lowering<'_> {
             }
             self.vregs_used = self.vregs_used.max(first_free + rb.vectors * cols);
         }
+        // Too few registers to hold the block's C, and a tail whose masked stores would
+        // block the next column's loads: fold C into the accumulators (one temporary,
+        // reused), then store them all.
+        if let (Some(t), false, true) = (old, loads_first, rb.tail) {
+            for j in 0..cols {
+                for v in 0..rb.vectors {
+                    let (at, mask) = (at(v, j)?, self.mask_for(rb, v));
+                    let narrow = self.narrow_bytes(rb, v);
+                    fold_old_c(out, beta, self.acc(v, j), t, at, mask, scalars, narrow);
+                }
+            }
+            for j in 0..cols {
+                for v in 0..rb.vectors {
+                    out.push(Op::Store {
+                        addr: at(v, j)?,
+                        src: self.acc(v, j),
+                        mask: self.mask_for(rb, v),
+                    });
+                }
+            }
+            return Ok(());
+        }
         for j in 0..cols {
             for v in 0..rb.vectors {
                 let old = old_at(v, j).map(|t| (t, loads_first));
@@ -1027,6 +1049,49 @@ pub(crate) fn finish_vector(
         src: result,
         mask,
     });
+}
+
+/// r = alpha * r + beta * C, with C read from `at` into the temporary `t`: unlike
+/// [`finish_vector`], the result stays in r, and nothing is stored. With alpha = -1 the
+/// FMAs were negated, so r already holds alpha * A * B.
+#[allow(clippy::too_many_arguments)]
+fn fold_old_c(
+    out: &mut Vec<Op>,
+    beta: Scalar,
+    r: VReg,
+    t: VReg,
+    at: Addr,
+    mask: Option<Mask>,
+    scalars: EpilogueScalars,
+    narrow: Option<u32>,
+) {
+    if let Some(av) = scalars.alpha {
+        push_at(
+            out,
+            narrow,
+            Op::Mul {
+                dst: r,
+                a: r,
+                b: av,
+            },
+        );
+    }
+    out.push(Op::Load {
+        dst: t,
+        addr: at,
+        mask,
+    });
+    let fold = match (beta, scalars.beta) {
+        (_, Some(bv)) => Op::Fma {
+            acc: r,
+            a: t,
+            b: bv,
+            negate: false,
+        },
+        (Scalar::MinusOne, None) => Op::Sub { dst: r, a: r, b: t },
+        (_, None) => Op::Add { dst: r, a: r, b: t },
+    };
+    push_at(out, narrow, fold);
 }
 
 /// Pushes `op`, after an `Op::Narrow` prefix of `bytes` when given.

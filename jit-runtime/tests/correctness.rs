@@ -231,6 +231,79 @@ fn prefetching_kernels_avx2() {
     prefetching(Isa::Avx2)
 }
 
+/// Register blocks with a masked tail too wide for C to fit in the free registers: their
+/// epilogue folds C into the accumulators before storing any of it (a masked store would
+/// hold up the next column's load of C). Every alpha and beta kind, transposes, padding.
+fn wide_tail_blocks(isa: Isa) {
+    let Some(jit) = jit(isa) else { return };
+    let wide = |m_vectors, n_cols| Schedule {
+        m_vectors,
+        n_cols,
+        k_unroll: 4,
+        unroll_m_blocks: false,
+        unroll_n_blocks: false,
+        vector_bytes: 0,
+        batch_unroll: 0,
+        prefetch: false,
+        split_tail: false,
+        interleave: false,
+        lane_pack: false,
+    };
+    // (dtype, m, n, k, schedule): m leaves a tail of more and of less than half a vector.
+    let cases = match isa {
+        Isa::Avx512 => [
+            (Dtype::F32, 28, 30, 9, wide(2, 14)),
+            (Dtype::F32, 18, 25, 7, wide(2, 12)),
+            (Dtype::F64, 13, 26, 5, wide(2, 12)),
+            (Dtype::F64, 23, 13, 6, wide(3, 8)),
+        ],
+        _ => [
+            (Dtype::F32, 13, 14, 9, wide(2, 6)),
+            (Dtype::F32, 10, 7, 5, wide(2, 5)),
+            (Dtype::F64, 7, 13, 6, wide(2, 6)),
+            (Dtype::F64, 11, 9, 7, wide(3, 3)),
+        ],
+    };
+    let scalars = ALPHAS
+        .into_iter()
+        .flat_map(|alpha| BETAS.map(|beta| (alpha, beta)))
+        .chain([
+            (Scalar::fixed(2.5).unwrap(), Scalar::MinusOne),
+            (Scalar::Runtime, Scalar::fixed(-0.5).unwrap()),
+            (Scalar::MinusOne, Scalar::MinusOne),
+        ]);
+    let mut seed = 140_000;
+    for (i, (alpha, beta)) in scalars.enumerate() {
+        for (dtype, m, n, k, s) in cases {
+            seed += 1;
+            let spec = padded_spec(
+                dtype,
+                Layout::ColMajor,
+                (m, n, k),
+                TRANS[i % 4],
+                alpha,
+                beta,
+                i % 3,
+            );
+            let batch = BATCHES[i % BATCHES.len()];
+            match dtype {
+                Dtype::F64 => common::check_spec_with::<f64>(&jit, &spec, Some(&s), batch, seed),
+                Dtype::F32 => common::check_spec_with::<f32>(&jit, &spec, Some(&s), batch, seed),
+                Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
+            }
+        }
+    }
+}
+
+#[test]
+fn wide_tail_blocks_avx512() {
+    wide_tail_blocks(Isa::Avx512)
+}
+#[test]
+fn wide_tail_blocks_avx2() {
+    wide_tail_blocks(Isa::Avx2)
+}
+
 /// Lane-packed kernels (2x2x2, 3x3x3 and 4x4xk, `Schedule::lane_pack`): every vector width they
 /// run at, one to three vector groups per trip, batch lengths that leave every remainder,
 /// each scalar kind, row-major specs, and gaps between the matrices (whose sentinels catch
