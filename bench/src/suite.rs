@@ -240,15 +240,6 @@ pub struct Limits {
     pub dram: Vec<(Pattern, Summary)>,
 }
 
-impl Limits {
-    pub fn peak(&self, dtype: Dtype) -> f64 {
-        match dtype {
-            Dtype::F32 => self.peak_f32.median,
-            _ => self.peak_f64.median,
-        }
-    }
-}
-
 /// A figure's bound and what sets it.
 #[derive(Clone, Copy, Debug)]
 pub struct Bound {
@@ -389,7 +380,6 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report, St
         let mut run = Runner {
             config,
             ctx: &ctx,
-            limits: &limits,
             checked: HashMap::new(),
             notes: &mut notes,
             figures: &mut figures,
@@ -533,7 +523,6 @@ fn view<T: Real>(arena: &mut [f64]) -> &mut [T] {
 struct Runner<'a, 'p> {
     config: &'a Config,
     ctx: &'a Context,
-    limits: &'a [Limits],
     /// The correctness check of each (competitor, shape), done once per dtype.
     checked: HashMap<(Competitor, Shape), Result<(), String>>,
     notes: &'a mut Vec<String>,
@@ -658,11 +647,6 @@ impl Runner<'_, '_> {
         c: &mut [T],
     ) -> Result<(), String> {
         let config = self.config;
-        let limits = self
-            .limits
-            .iter()
-            .find(|l| l.threads == threads)
-            .ok_or("no limits measured")?;
         let elt = T::DTYPE.size() as f64;
         let c_reads = if config.beta == 0.0 { 1.0 } else { 2.0 };
         let bytes = batch as f64
@@ -714,11 +698,19 @@ impl Runner<'_, '_> {
             ..one_sample
         };
         // Saturating: `--reps` sets the budget to Duration::MAX.
-        // The streaming rounds also time the bound's probe: a budget share of its own.
-        let participants = prepared.len() + usize::from(regime == Regime::Stream);
-        let budget = timing.budget.saturating_mul(participants.max(1) as u32);
+        // The rounds also time the bound's probes, each a budget share of its own: the
+        // memory pattern over this case's A, B and C (in L2 or from DRAM), and for the hot
+        // regime the FMA loop.
+        let probes = match regime {
+            Regime::Hot => 2,
+            Regime::Stream => 1,
+        };
+        let participants = prepared.len() + probes;
+        let budget = timing.budget.saturating_mul(participants as u32);
         let isa = self.ctx.jit.target().isa;
         let (mut probe_bytes, mut probe_seconds) = (0.0, Vec::new());
+        let fma_flops = probe::fma_loop(isa, T::DTYPE)? * threads as f64;
+        let mut fma_seconds = Vec::new();
         let measuring = Instant::now();
         for round in 0..timing.reps {
             if round >= timing.min_reps && measuring.elapsed() >= budget {
@@ -729,19 +721,28 @@ impl Runner<'_, '_> {
             } else {
                 &next_samples
             };
-            if regime == Regime::Stream {
-                let (counted, samples) = time_gemm_pattern(isa, a, b, c, threads, t)?;
-                probe_bytes = counted as f64;
-                probe_seconds.extend(samples);
+            let (counted, samples) = time_gemm_pattern(isa, a, b, c, threads, t)?;
+            probe_bytes = counted as f64;
+            probe_seconds.extend(samples);
+            if regime == Regime::Hot {
+                fma_seconds.extend(time_parallel(threads, t, |_| {
+                    probe::fma_loop(isa, T::DTYPE).map(drop)
+                })?);
             }
             for ((_, g), out) in prepared.iter().zip(&mut seconds) {
                 out.extend(time_batch(&**g, spec, a, b, c, batch, threads, t)?);
             }
         }
+        // Both bounds come from probes timed in this case's rounds, beside the competitors'
+        // samples, so that a slow period of the shared machine moves the bound with the
+        // figures (the probe at the start of a run read 9.2 to 12.3 GB/s from DRAM on one
+        // thread in runs an hour apart; the FMA peak moves likewise under load).
+        let bandwidth = probe_bytes / stats::median(&probe_seconds).ok_or("no probe samples")?;
         let bound = match regime {
             Regime::Hot => {
-                let peak = limits.peak(T::DTYPE);
-                let l2 = flops / (bytes / (limits.l2.median * 1e9)) / 1e9;
+                let fma_time = stats::median(&fma_seconds).ok_or("no probe samples")?;
+                let peak = fma_flops / fma_time / 1e9;
+                let l2 = flops / (bytes / bandwidth) / 1e9;
                 if peak <= l2 {
                     Bound {
                         gflops: peak,
@@ -754,17 +755,10 @@ impl Runner<'_, '_> {
                     }
                 }
             }
-            // The GEMM pattern over this case's own A, B and C, one sample a round beside
-            // the competitors', so that what the shared machine's memory delivers during
-            // the case moves the bound with the figures (the probe at the start of a run
-            // read 9.2 to 12.3 GB/s on one thread in runs an hour apart).
-            Regime::Stream => {
-                let time = stats::median(&probe_seconds).ok_or("no probe samples")?;
-                Bound {
-                    gflops: flops / (bytes / (probe_bytes / time)) / 1e9,
-                    limit: "dram",
-                }
-            }
+            Regime::Stream => Bound {
+                gflops: flops / (bytes / bandwidth) / 1e9,
+                limit: "dram",
+            },
         };
         let smallgemm_seconds = prepared
             .iter()
