@@ -34,7 +34,7 @@ pub use interp::{interpret, interpret_pointer_arrays, InterpError};
 pub use lower::{lower, LowerError};
 pub use plan::{
     batch_unroll, choose_unrolling, estimated_cycles, estimated_ops, interleave, plan,
-    plan_streaming, prefetch_pays, UNROLL_BUDGET,
+    plan_streaming, prefetch_pays, streams_differently, UNROLL_BUDGET,
 };
 pub use program::{
     narrowed_ops, Addr, Gpr, MachineCode, Mask, MaskDecl, Op, OpCounts, Param, Program, Trips, VReg,

@@ -155,6 +155,49 @@ pub fn prefetch_pays(problem: &ColMajorProblem, target: Target) -> bool {
         && matrix_bytes(problem) >= PREFETCH_MIN_BYTES
 }
 
+/// Whether batches of `problem` that stream from memory run a variant of the kernel
+/// compiled from `hot` ([`plan_streaming`]): where prefetching pays, and for the small
+/// matrices that `hot` lane-packs where a plain register block takes over (see
+/// [`streaming_block`]). With `reblock` false (a schedule the caller chose keeps its
+/// blocking) only where prefetching pays.
+pub fn streams_differently(
+    problem: &ColMajorProblem,
+    target: Target,
+    hot: &Schedule,
+    reblock: bool,
+) -> bool {
+    prefetch_pays(problem, target)
+        || (reblock
+            && problem.batch_form == BatchForm::Strided
+            && hot.lane_pack
+            && streaming_block(problem, target).is_some())
+}
+
+/// The register block that streams the small matrices a hot schedule lane-packs
+/// (below [`PREFETCH_MIN_BYTES`]): one matrix a trip, its columns read and written whole
+/// (a block whose tail needs masked access is none: its masked stores overlap the next
+/// matrix's C). Measured from DRAM, one thread, alternated in one process, % of the GEMM
+/// pattern's bandwidth in the same rounds, lane-packed → plain block: f64 2x2x2 87-89 →
+/// 95-97, 3x3x3 85-89 → 96-97, 4x4x4 85-90 → 103-111; f32 2x2x2 92-94 → 100-101, 4x4x4
+/// 80-92 → 96-113; f32 3x3x3 (a masked tail) 96 → 49-66. AVX-512 only: with AVX2 the
+/// same change was within the spread (bench, two alternated runs, 2..4).
+fn streaming_block(problem: &ColMajorProblem, target: Target) -> Option<Schedule> {
+    if matrix_bytes(problem) >= PREFETCH_MIN_BYTES || target.isa != Isa::Avx512 {
+        return None;
+    }
+    let (_, s) = plan_blocks(problem, target);
+    let width = match s.vector_bytes {
+        0 => target.vector_bytes(),
+        w => w,
+    };
+    let tail = problem.m * problem.dtype.size() % width;
+    (!target.masked_tail(tail)).then_some(Schedule {
+        batch_unroll: 0,
+        interleave: false,
+        ..s
+    })
+}
+
 /// Columns of the streaming variant's tall blocks on targets with 32 vector registers, among
 /// the blocks estimated within [`STREAM_COST_SLACK`] of the fastest: measured with the
 /// batch in L2 and prefetching, f64 32x32x32 as 4xN blocks ran at 25.7, 32.7, 34.7, 37.8,
@@ -166,7 +209,7 @@ const STREAM_COLS: usize = 6;
 const STREAM_COST_SLACK: f64 = 0.10;
 
 /// The schedule of the variant that runs batches streaming from memory (see
-/// [`prefetch_pays`]): `hot`'s, prefetching, but for matrices of [`TALL_MIN_BYTES`] or more
+/// [`streams_differently`]): `hot`'s, prefetching, but for matrices of [`TALL_MIN_BYTES`] or more
 /// with register blocks as tall as all of m where the registers allow. Such blocks walk B
 /// and C once, column block after column block, and A once before its lines sit in L1,
 /// each in ascending addresses; blocks a vector tall touch A's lines a few apart in each
@@ -178,7 +221,10 @@ pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule)
         prefetch: true,
         ..*hot
     };
-    if hot.lane_pack || matrix_bytes(problem) < TALL_MIN_BYTES {
+    if hot.lane_pack {
+        return streaming_block(problem, target).unwrap_or(prefetching);
+    }
+    if matrix_bytes(problem) < TALL_MIN_BYTES {
         return prefetching;
     }
     let lanes = hot.lanes(target, problem.dtype);

@@ -113,9 +113,9 @@ fn map_named(code: &MachineCode, name: impl FnOnce() -> String) -> Result<Execut
 }
 
 /// The fewest matrices for which a strided batch of `spec` is larger than this core's L2
-/// cache, where a variant of `schedule` that prefetches the next matrices pays
-/// ([`smallgemm_ir::prefetch_pays`]); usize::MAX where no such variant is wanted.
-fn streaming_batch(spec: &GemmSpec, target: Target, schedule: &Schedule) -> usize {
+/// cache, where a variant of `schedule` for batches that stream from memory pays
+/// ([`smallgemm_ir::streams_differently`]); usize::MAX where no such variant is wanted.
+fn streaming_batch(spec: &GemmSpec, target: Target, schedule: &Schedule, reblock: bool) -> usize {
     let per_matrix = [Operand::A, Operand::B, Operand::C]
         .map(|o| spec.stride(o).saturating_mul(spec.dtype().size()))
         .iter()
@@ -123,7 +123,7 @@ fn streaming_batch(spec: &GemmSpec, target: Target, schedule: &Schedule) -> usiz
     if spec.batch_form() != BatchForm::Strided
         || schedule.prefetch
         || per_matrix == 0
-        || !smallgemm_ir::prefetch_pays(&spec.col_major(), target)
+        || !smallgemm_ir::streams_differently(&spec.col_major(), target, schedule, reblock)
     {
         return usize::MAX;
     }
@@ -157,20 +157,21 @@ impl Kernel {
             exec,
             streaming: OnceLock::new(),
             stream_blocks,
-            streaming_batch: streaming_batch(spec, target, &generated.schedule),
+            streaming_batch: streaming_batch(spec, target, &generated.schedule, stream_blocks),
             compile_time: start.elapsed(),
         })
     }
 
-    /// Whether a call on `batch` matrices runs the variant that prefetches the next
-    /// matrices: strided batches larger than this core's L2 cache, of matrices for which
-    /// prefetching pays ([`smallgemm_ir::prefetch_pays`]). Batches that sit in cache run
-    /// without prefetches, which would cost them about 10%.
+    /// Whether a call on `batch` matrices runs the variant for batches that stream from
+    /// memory: strided batches larger than this core's L2 cache, of matrices for which it
+    /// pays ([`smallgemm_ir::streams_differently`]: prefetching, or a plain block instead of
+    /// lane packing). Batches that sit in cache run without prefetches, which would cost
+    /// them about 10%.
     pub fn streams(&self, batch: usize) -> bool {
         batch >= self.streaming_batch
     }
 
-    /// The code to run `batch` matrices with: the prefetching variant when the batch
+    /// The code to run `batch` matrices with: the streaming variant when the batch
     /// streams (compiled on the first such call), else the kernel's own.
     fn entry(&self, batch: usize) -> *const u8 {
         if self.streams(batch) {
@@ -190,7 +191,7 @@ impl Kernel {
                 };
                 let generated = generate(&self.spec, self.target, Some(&schedule)).ok()?;
                 map_named(&generated.code, || {
-                    format!("{}_{}_prefetch", self.target.isa, self.spec.name())
+                    format!("{}_{}_stream", self.target.isa, self.spec.name())
                 })
                 .ok()
             });

@@ -487,7 +487,7 @@ fn parse_shape(key: &str) -> (Dtype, usize, usize, usize) {
 /// Batches far beyond a core's L2 run the prefetching variant, and it computes the
 /// reference too.
 #[test]
-fn streaming_batches_run_the_prefetching_variant() {
+fn streaming_batches_run_the_streaming_variant() {
     let Ok(jit) = Jit::new() else { return };
     for (n, dtype) in [(16, Dtype::F64), (24, Dtype::F32)] {
         let spec = padded_spec(
@@ -515,6 +515,44 @@ fn streaming_batches_run_the_prefetching_variant() {
 }
 
 /// Batch strides of 0 reuse one A or B for every matrix.
+/// Batches of small matrices that the hot schedule lane-packs stream through a plain register
+/// block on AVX-512 where its columns need no masked access (f64 2x2x2, 4x4x4), and stay
+/// lane-packed where they would (f32 3x3x3).
+#[test]
+fn small_lane_packed_matrices_stream_through_plain_blocks() {
+    let Some(jit) = jit(Isa::Avx512) else { return };
+    for (n, dtype, streams) in [
+        (2, Dtype::F64, true),
+        (4, Dtype::F64, true),
+        (3, Dtype::F32, false),
+    ] {
+        let spec = padded_spec(
+            dtype,
+            Layout::ColMajor,
+            (n, n, n),
+            (Trans::N, Trans::N),
+            Scalar::One,
+            Scalar::One,
+            0,
+        );
+        let kernel = jit.kernel(&spec).unwrap();
+        if !kernel.schedule().lane_pack {
+            eprintln!("skipped {}: not lane-packed here", spec.name());
+            continue;
+        }
+        let per_matrix = 3 * n * n * dtype.size();
+        let batch = (24 << 20) / per_matrix;
+        assert_eq!(kernel.streams(batch), streams, "{} x {batch}", spec.name());
+        let planned =
+            smallgemm_ir::plan_streaming(&spec.col_major(), jit.target(), kernel.schedule());
+        assert_eq!(planned.lane_pack, !streams, "{planned:?}");
+        match dtype {
+            Dtype::F64 => common::check_spec::<f64>(&jit, &spec, batch, 79),
+            _ => common::check_spec::<f32>(&jit, &spec, batch, 80),
+        }
+    }
+}
+
 #[test]
 fn zero_strides_broadcast_an_operand() {
     let Ok(jit) = Jit::new() else { return };
