@@ -191,6 +191,12 @@ pub struct GpuSchedule {
     /// adjacent, read as one vector per k step. Ignored elsewhere.
     #[serde(default)]
     pub vector_reads: bool,
+    /// Tensor-core kernels whose warps do not each keep one row of tiles (the warp count
+    /// no multiple of the row tiles): a warp computes this many tiles of one row tile
+    /// (consecutive column tiles) together, k step by k step, loading each A fragment once
+    /// for all of them; 0 or 1: one tile at a time. Ignored elsewhere.
+    #[serde(default)]
+    pub mma_group: u32,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -261,6 +267,7 @@ impl GpuSchedule {
             prefetch_c: false,
             min_blocks: 0,
             vector_reads: false,
+            mma_group: 0,
         }
     }
 
@@ -279,6 +286,7 @@ impl GpuSchedule {
             prefetch_c: false,
             min_blocks: 0,
             vector_reads: false,
+            mma_group: 0,
         }
     }
 
@@ -291,7 +299,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -299,6 +307,10 @@ impl GpuSchedule {
                 match self.min_blocks {
                     0 => String::new(),
                     b => format!(" mb{b}"),
+                },
+                match self.mma_group {
+                    0 | 1 => String::new(),
+                    g => format!(" g{g}"),
                 }
             ),
             None => format!(
