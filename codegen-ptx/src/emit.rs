@@ -2008,11 +2008,18 @@ fn mma_warp(
         None => problem.ldc.max,
     };
     let group = mma_group(s, p);
+    // Groups of `group` tiles of one row tile (consecutive column tiles) in turn: a
+    // group's tiles share their A fragments (`mma_body`).
+    let groups = mt * nt.div_ceil(group);
+    let rounds = match fixed_row {
+        Some(_) => tiles.div_ceil(w),
+        None => groups.div_ceil(w),
+    };
     let mut out = Vec::new();
-    let mut coords = Vec::new();
-    match &fixed_row {
-        Some(tmr) => {
-            for q in 0..tiles.div_ceil(w) {
+    for q in 0..rounds {
+        let mut coords = Vec::new();
+        match &fixed_row {
+            Some(tmr) => {
                 // Row tile w % mt, column tiles w / mt + q * (w / mt).
                 let step = w / mt;
                 let tnr = asm.reg(Kind::B32);
@@ -2023,12 +2030,7 @@ fn mma_warp(
                 let valid = ((q + 1) * step > nt).then(|| asm.lt(&tnr, &nt.to_string()));
                 coords.push((tmr.clone(), tnr, valid, None));
             }
-        }
-        None => {
-            // Groups of `group` tiles of one row tile (consecutive column tiles) in turn:
-            // a group's tiles share their A fragments (`mma_body`).
-            let groups = mt * nt.div_ceil(group);
-            for q in 0..groups.div_ceil(w) {
+            None => {
                 let t = asm.reg(Kind::B32);
                 asm.op(format!("add.u32 {t}, {warp}, {}", q * w));
                 let valid = ((q + 1) * w > groups).then(|| asm.lt(&t, &groups.to_string()));
@@ -2036,66 +2038,69 @@ fn mma_warp(
                 let tn0 = asm.reg(Kind::B32);
                 asm.op(format!("rem.u32 {tmr}, {t}, {mt}"));
                 asm.op(format!("div.u32 {tn0}, {t}, {mt}"));
-                if group > 1 {
+                if group == 1 {
+                    coords.push((tmr, tn0, valid, None));
+                } else {
                     asm.op(format!("mul.lo.u32 {tn0}, {tn0}, {group}"));
-                }
-                for j in 0..group {
-                    let tnr = asm.reg(Kind::B32);
-                    asm.op(format!("add.u32 {tnr}, {tn0}, {j}"));
-                    // The last group of a row may hang over the last column tile.
-                    let inside = (j > 0 && nt % group != 0).then(|| asm.lt(&tnr, &nt.to_string()));
-                    let hangs = asm.and(valid.clone(), inside.clone());
-                    let guard = inside.and(hangs.clone());
-                    coords.push((tmr.clone(), tnr, hangs, guard));
+                    for j in 0..group {
+                        let tnr = asm.reg(Kind::B32);
+                        asm.op(format!("add.u32 {tnr}, {tn0}, {j}"));
+                        // The last group of a row may hang over the last column tile.
+                        let inside =
+                            (j > 0 && nt % group != 0).then(|| asm.lt(&tnr, &nt.to_string()));
+                        let hangs = asm.and(valid.clone(), inside.clone());
+                        let guard = inside.and(hangs.clone());
+                        coords.push((tmr.clone(), tnr, hangs, guard));
+                    }
                 }
             }
         }
-    }
-    for (tmr, tnr, valid, hangs) in coords {
-        // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down.
-        let row = asm.reg(Kind::B32);
-        asm.op(format!("mad.lo.u32 {row}, {tmr}, 16, {gid}"));
-        let col = asm.reg(Kind::B32);
-        asm.op(format!("shl.b32 {col}, {tig}, 1"));
-        asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
-        let off = asm.reg(Kind::B32);
-        asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
-        let cbase = match sc {
-            Some((sc, _)) => {
-                let r = asm.reg(Kind::B32);
-                asm.op(format!("mad.lo.u32 {r}, {off}, 2, {sc}"));
-                r
+        for (tmr, tnr, valid, hangs) in coords {
+            // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down.
+            let row = asm.reg(Kind::B32);
+            asm.op(format!("mad.lo.u32 {row}, {tmr}, 16, {gid}"));
+            let col = asm.reg(Kind::B32);
+            asm.op(format!("shl.b32 {col}, {tig}, 1"));
+            asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
+            let off = asm.reg(Kind::B32);
+            asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
+            let cbase = match sc {
+                Some((sc, _)) => {
+                    let r = asm.reg(Kind::B32);
+                    asm.op(format!("mad.lo.u32 {r}, {off}, 2, {sc}"));
+                    r
+                }
+                None => {
+                    let off64 = asm.reg(Kind::B64);
+                    asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
+                    let cbase = asm.reg(Kind::B64);
+                    asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
+                    cbase
+                }
+            };
+            let rp = asm.offsets_below(&row, [0, 8], p.m, p.m % 16 != 0);
+            let cp = asm.offsets_below(&col, [0, 1], p.n, p.n % 8 != 0);
+            let mut slots = Vec::new();
+            // A grouped tile past the last column tile: computed (on clamped B), never stored.
+            for i in 0..4 {
+                let (dr, dc) = (8 * (i / 2), i % 2);
+                let pred = asm.and(rp[i / 2].clone(), cp[dc].clone());
+                let pred = asm.and(pred, hangs.clone());
+                let addr = format!("{cbase}+{}", (dr + dc * ldc) * 2);
+                let old = (prefetch && epi.beta != Scalar::Zero).then(|| {
+                    // A tile past the last one must not read: its address may lie outside C.
+                    let lp = asm.and(pred.clone(), valid.clone());
+                    epi.load(asm, &addr, &lp, "global")
+                });
+                slots.push((addr, pred, old));
             }
-            None => {
-                let off64 = asm.reg(Kind::B64);
-                asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
-                let cbase = asm.reg(Kind::B64);
-                asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
-                cbase
-            }
-        };
-        let rp = asm.offsets_below(&row, [0, 8], p.m, p.m % 16 != 0);
-        let cp = asm.offsets_below(&col, [0, 1], p.n, p.n % 8 != 0);
-        let mut slots = Vec::new();
-        // A grouped tile past the last column tile: computed (on clamped B), never stored.
-        for i in 0..4 {
-            let (dr, dc) = (8 * (i / 2), i % 2);
-            let pred = asm.and(rp[i / 2].clone(), cp[dc].clone());
-            let pred = asm.and(pred, hangs.clone());
-            let addr = format!("{cbase}+{}", (dr + dc * ldc) * 2);
-            let old = (prefetch && epi.beta != Scalar::Zero).then(|| {
-                // A tile past the last one must not read: its address may lie outside C.
-                let lp = asm.and(pred.clone(), valid.clone());
-                epi.load(asm, &addr, &lp, "global")
+            out.push(MmaTile {
+                tmr,
+                tnr,
+                valid,
+                slots,
             });
-            slots.push((addr, pred, old));
         }
-        out.push(MmaTile {
-            tmr,
-            tnr,
-            valid,
-            slots,
-        });
     }
     MmaWarp {
         lane,

@@ -518,7 +518,8 @@ fn f16_mma_loaders_match() {
         let p = spec.col_major();
         for (warps, tba) in [(1, 1), (2, 3), (8, 1), (16, 1)] {
             for (ldmatrix, stage, prefetch_c, mma_group) in variants {
-                if (warps == 16 && !ldmatrix) || (warps == 1 && mma_group > 0) {
+                // Groups at the warp counts of the grouped defaults (8 and 16).
+                if (warps == 16 && !ldmatrix) || (warps < 8 && mma_group > 0) {
                     continue;
                 }
                 let s = GpuSchedule {
