@@ -13,7 +13,7 @@ use smallgemm::cuda::{self, f16, BatchKind, Gpu, GpuElement};
 use smallgemm::tuning::{self, TuningDb};
 use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 use smallgemm_ir::reference::SplitMix64;
-use smallgemm_ir::{GpuSchedule, GpuTarget, Sm, Staging};
+use smallgemm_ir::{ColMajorProblem, GpuSchedule, GpuTarget, Sm, Staging};
 
 /// Whether `args` (without the program name) is a GPU invocation; if so, runs it.
 pub fn dispatch(args: &[String]) -> Option<Result<ExitCode, String>> {
@@ -504,6 +504,11 @@ struct TuneArgs {
     /// block's threads allow).
     #[arg(long)]
     min_blocks: bool,
+    /// f16 tensor-core candidates: only the planned schedule and `FlatC` with `ldmatrix`, 8
+    /// and 16 warps and one problem per block, each with 1, 2 and 3 tiles per warp group
+    /// (`mma_group`) where grouping takes effect.
+    #[arg(long)]
+    groups: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -585,9 +590,49 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
                         };
                         if s.validate(&p, target).is_ok() && warps * tba <= 16 {
                             out.push(s);
+                            if stage == Staging::FlatC {
+                                out.extend(grouped(&p, &s));
+                            }
                         }
                     }
                 }
+            }
+        }
+    }
+    out
+}
+
+/// `s` with 2 and 3 tiles per warp group (`mma_group`), where grouping takes effect (the
+/// warp count no multiple of the row tiles; a row has enough column tiles).
+fn grouped(p: &ColMajorProblem, s: &GpuSchedule) -> Vec<GpuSchedule> {
+    let (mt, nt) = (p.m.div_ceil(16) as u32, p.n.div_ceil(8) as u32);
+    (2..=3)
+        .filter(|&g| s.mma.is_some() && s.warps % mt != 0 && g <= nt)
+        .map(|mma_group| GpuSchedule { mma_group, ..*s })
+        .collect()
+}
+
+/// `tune --groups`: the planned schedule and `FlatC` with `ldmatrix`, 8 and 16 warps, one
+/// problem per block, each as it is and grouped (without the C prefetch, which measured a
+/// loss with groups: 33 74.5 -> 61.9%, 91 73.7 -> 55.4% with 2 tiles a group).
+fn group_candidates(
+    spec: &GemmSpec,
+    target: &GpuTarget,
+    planned: Option<GpuSchedule>,
+) -> Vec<GpuSchedule> {
+    let p = spec.col_major();
+    let mut out: Vec<GpuSchedule> = planned.into_iter().collect();
+    let flatc = [8, 16].map(|warps| GpuSchedule {
+        stage: Staging::FlatC,
+        ..GpuSchedule::mma(warps, 1, true)
+    });
+    for s in out.clone().iter().chain(&flatc) {
+        if s.validate(&p, target).is_err() {
+            continue;
+        }
+        for c in std::iter::once(*s).chain(if s.prefetch_c { vec![] } else { grouped(&p, s) }) {
+            if !out.contains(&c) {
+                out.push(c);
             }
         }
     }
@@ -703,6 +748,9 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                             new
                         })
                         .collect()
+                }
+                _ if args.groups && d == Dtype::F16 => {
+                    group_candidates(&spec, gpu.target(), planned)
                 }
                 _ => candidates(&spec, gpu.target()),
             };

@@ -1937,8 +1937,23 @@ struct MmaWarp {
     gid: String,
     tig: String,
     tiles: Vec<MmaTile>,
+    /// Tiles per group: consecutive tiles of one row tile that share A's fragments.
+    group: usize,
     /// Where the slots' addresses point: "global", or "shared" with C staged flat.
     space: &'static str,
+}
+
+/// Tiles a warp computes together (`GpuSchedule::mma_group`): where the warps do not keep
+/// one row of tiles each, a group of column tiles of one row tile shares each k step's A
+/// fragment (at most the row's tiles).
+fn mma_group(s: &GpuSchedule, p: &ColMajorProblem) -> usize {
+    let shape = s.mma.unwrap_or(smallgemm_ir::MmaShape::M16N8K16);
+    let mt = p.m.div_ceil(shape.m as usize);
+    let nt = p.n.div_ceil(shape.n as usize);
+    if (s.warps as usize) % mt == 0 {
+        return 1;
+    }
+    (s.mma_group as usize).clamp(1, nt.max(1))
 }
 
 /// One 16x8 tile of C a warp computes: its row and column tile, whether it exists (the
@@ -1992,9 +2007,18 @@ fn mma_warp(
         Some((_, ld)) => ld,
         None => problem.ldc.max,
     };
+    let group = mma_group(s, p);
+    // Groups of `group` tiles of one row tile (consecutive column tiles) in turn: a
+    // group's tiles share their A fragments (`mma_body`).
+    let groups = mt * nt.div_ceil(group);
+    let rounds = match fixed_row {
+        Some(_) => tiles.div_ceil(w),
+        None => groups.div_ceil(w),
+    };
     let mut out = Vec::new();
-    for q in 0..tiles.div_ceil(w) {
-        let (tmr, tnr, valid) = match &fixed_row {
+    for q in 0..rounds {
+        let mut coords = Vec::new();
+        match &fixed_row {
             Some(tmr) => {
                 // Row tile w % mt, column tiles w / mt + q * (w / mt).
                 let step = w / mt;
@@ -2004,67 +2028,86 @@ fn mma_warp(
                     asm.op(format!("add.u32 {tnr}, {tnr}, {}", q * step));
                 }
                 let valid = ((q + 1) * step > nt).then(|| asm.lt(&tnr, &nt.to_string()));
-                (tmr.clone(), tnr, valid)
+                coords.push((tmr.clone(), tnr, valid, None));
             }
             None => {
                 let t = asm.reg(Kind::B32);
                 asm.op(format!("add.u32 {t}, {warp}, {}", q * w));
-                let valid = ((q + 1) * w > tiles).then(|| asm.lt(&t, &tiles.to_string()));
+                let valid = ((q + 1) * w > groups).then(|| asm.lt(&t, &groups.to_string()));
                 let tmr = asm.reg(Kind::B32);
-                let tnr = asm.reg(Kind::B32);
+                let tn0 = asm.reg(Kind::B32);
                 asm.op(format!("rem.u32 {tmr}, {t}, {mt}"));
-                asm.op(format!("div.u32 {tnr}, {t}, {mt}"));
-                (tmr, tnr, valid)
+                asm.op(format!("div.u32 {tn0}, {t}, {mt}"));
+                if group == 1 {
+                    coords.push((tmr, tn0, valid, None));
+                } else {
+                    asm.op(format!("mul.lo.u32 {tn0}, {tn0}, {group}"));
+                    for j in 0..group {
+                        let tnr = asm.reg(Kind::B32);
+                        asm.op(format!("add.u32 {tnr}, {tn0}, {j}"));
+                        // The last group of a row may hang over the last column tile.
+                        let inside =
+                            (j > 0 && nt % group != 0).then(|| asm.lt(&tnr, &nt.to_string()));
+                        let hangs = asm.and(valid.clone(), inside.clone());
+                        let guard = inside.and(hangs.clone());
+                        coords.push((tmr.clone(), tnr, hangs, guard));
+                    }
+                }
             }
-        };
-        // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down.
-        let row = asm.reg(Kind::B32);
-        asm.op(format!("mad.lo.u32 {row}, {tmr}, 16, {gid}"));
-        let col = asm.reg(Kind::B32);
-        asm.op(format!("shl.b32 {col}, {tig}, 1"));
-        asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
-        let off = asm.reg(Kind::B32);
-        asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
-        let cbase = match sc {
-            Some((sc, _)) => {
-                let r = asm.reg(Kind::B32);
-                asm.op(format!("mad.lo.u32 {r}, {off}, 2, {sc}"));
-                r
-            }
-            None => {
-                let off64 = asm.reg(Kind::B64);
-                asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
-                let cbase = asm.reg(Kind::B64);
-                asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
-                cbase
-            }
-        };
-        let rp = asm.offsets_below(&row, [0, 8], p.m, p.m % 16 != 0);
-        let cp = asm.offsets_below(&col, [0, 1], p.n, p.n % 8 != 0);
-        let mut slots = Vec::new();
-        for i in 0..4 {
-            let (dr, dc) = (8 * (i / 2), i % 2);
-            let pred = asm.and(rp[i / 2].clone(), cp[dc].clone());
-            let addr = format!("{cbase}+{}", (dr + dc * ldc) * 2);
-            let old = (prefetch && epi.beta != Scalar::Zero).then(|| {
-                // A tile past the last one must not read: its address may lie outside C.
-                let lp = asm.and(pred.clone(), valid.clone());
-                epi.load(asm, &addr, &lp, "global")
-            });
-            slots.push((addr, pred, old));
         }
-        out.push(MmaTile {
-            tmr,
-            tnr,
-            valid,
-            slots,
-        });
+        for (tmr, tnr, valid, hangs) in coords {
+            // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down.
+            let row = asm.reg(Kind::B32);
+            asm.op(format!("mad.lo.u32 {row}, {tmr}, 16, {gid}"));
+            let col = asm.reg(Kind::B32);
+            asm.op(format!("shl.b32 {col}, {tig}, 1"));
+            asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
+            let off = asm.reg(Kind::B32);
+            asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
+            let cbase = match sc {
+                Some((sc, _)) => {
+                    let r = asm.reg(Kind::B32);
+                    asm.op(format!("mad.lo.u32 {r}, {off}, 2, {sc}"));
+                    r
+                }
+                None => {
+                    let off64 = asm.reg(Kind::B64);
+                    asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
+                    let cbase = asm.reg(Kind::B64);
+                    asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
+                    cbase
+                }
+            };
+            let rp = asm.offsets_below(&row, [0, 8], p.m, p.m % 16 != 0);
+            let cp = asm.offsets_below(&col, [0, 1], p.n, p.n % 8 != 0);
+            let mut slots = Vec::new();
+            // A grouped tile past the last column tile: computed (on clamped B), never stored.
+            for i in 0..4 {
+                let (dr, dc) = (8 * (i / 2), i % 2);
+                let pred = asm.and(rp[i / 2].clone(), cp[dc].clone());
+                let pred = asm.and(pred, hangs.clone());
+                let addr = format!("{cbase}+{}", (dr + dc * ldc) * 2);
+                let old = (prefetch && epi.beta != Scalar::Zero).then(|| {
+                    // A tile past the last one must not read: its address may lie outside C.
+                    let lp = asm.and(pred.clone(), valid.clone());
+                    epi.load(asm, &addr, &lp, "global")
+                });
+                slots.push((addr, pred, old));
+            }
+            out.push(MmaTile {
+                tmr,
+                tnr,
+                valid,
+                slots,
+            });
+        }
     }
     MmaWarp {
         lane,
         gid,
         tig,
         tiles: out,
+        group,
         space: if sc.is_some() { "shared" } else { "global" },
     }
 }
@@ -2188,17 +2231,34 @@ fn mma_body(
         let abase = tile_base(asm, sa, tmr, 16 * a_row * 2, &a_lane);
         fixed_a = Some((0..ks).map(|k| load_a(asm, &abase, k)).collect());
     }
-    for (q, tile) in mw.tiles.iter().enumerate() {
+    let nt = p.n.div_ceil(shape.n as usize);
+    for (q, tiles) in mw.tiles.chunks(mw.group).enumerate() {
         asm.comment(&format!("tile {q} of this warp"));
         let skip = asm.label();
-        if let Some(v) = &tile.valid {
-            // Warp-uniform: every lane of the warp has the same tile.
+        if let Some(v) = &tiles[0].valid {
+            // Warp-uniform: every lane of the warp has the same tiles.
             asm.op(format!("@!{v} bra.uni {skip}"));
         }
-        let bbase = tile_base(asm, sb, &tile.tnr, 8 * b_col * 2, &b_lane);
-        let abase = (!reuse).then(|| tile_base(asm, sa, &tile.tmr, 16 * a_row * 2, &a_lane));
-        let acc: [String; 4] = std::array::from_fn(|_| asm.reg(Kind::F32));
-        for r in &acc {
+        let bbases: Vec<String> = tiles
+            .iter()
+            .enumerate()
+            .map(|(j, tile)| {
+                if j > 0 && nt % mw.group != 0 {
+                    // Past the last column tile: B clamped inside its copy (never stored).
+                    let t = asm.reg(Kind::B32);
+                    asm.op(format!("min.u32 {t}, {}, {}", tile.tnr, nt - 1));
+                    tile_base(asm, sb, &t, 8 * b_col * 2, &b_lane)
+                } else {
+                    tile_base(asm, sb, &tile.tnr, 8 * b_col * 2, &b_lane)
+                }
+            })
+            .collect();
+        let abase = (!reuse).then(|| tile_base(asm, sa, &tiles[0].tmr, 16 * a_row * 2, &a_lane));
+        let accs: Vec<[String; 4]> = tiles
+            .iter()
+            .map(|_| std::array::from_fn(|_| asm.reg(Kind::F32)))
+            .collect();
+        for r in accs.iter().flatten() {
             asm.op(format!("mov.f32 {r}, 0f00000000"));
         }
         for k in 0..ks {
@@ -2207,17 +2267,21 @@ fn mma_body(
                 (None, Some(frags)) => frags[k].clone(),
                 (None, None) => load_a(asm, sa, k),
             };
-            let [b0, b1] = load_b(asm, &bbase, k);
-            let d = acc.join(", ");
-            asm.op(format!(
-                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{d}}}, {{{}}}, {{{b0}, {b1}}}, {{{d}}}",
-                a.join(", ")
-            ));
+            for (acc, bbase) in accs.iter().zip(&bbases) {
+                let [b0, b1] = load_b(asm, bbase, k);
+                let d = acc.join(", ");
+                asm.op(format!(
+                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{d}}}, {{{}}}, {{{b0}, {b1}}}, {{{d}}}",
+                    a.join(", ")
+                ));
+            }
         }
-        for (v, (addr, pred, old)) in acc.iter().zip(&tile.slots) {
-            epi.store(asm, v, addr, pred, old.as_deref(), mw.space);
+        for (acc, tile) in accs.iter().zip(tiles) {
+            for (v, (addr, pred, old)) in acc.iter().zip(&tile.slots) {
+                epi.store(asm, v, addr, pred, old.as_deref(), mw.space);
+            }
         }
-        if tile.valid.is_some() {
+        if tiles[0].valid.is_some() {
             asm.place(&skip);
         }
     }

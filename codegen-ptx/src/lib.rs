@@ -143,8 +143,12 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
         0 => String::new(),
         b => format!("_mb{b}"),
     };
+    let group = match (s.mma, s.mma_group) {
+        (Some(_), g) if g > 1 => format!("_g{g}"),
+        _ => String::new(),
+    };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}",
         spec.name(),
         kind.suffix(),
         s.tba

@@ -60,18 +60,23 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 }
 
 /// The tensor-core schedules the GPU tests try besides the planned ones: both fragment
-/// loaders, padded and flat staging (C too with `FlatC`), with and without the C prefetch.
+/// loaders, padded and flat staging (C too with `FlatC`), with and without the C prefetch,
+/// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`).
 fn mma_variants() -> Vec<GpuSchedule> {
     let mut out = Vec::new();
     for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
         for ldmatrix in [false, true] {
             for stage in [Staging::Padded, Staging::Flat, Staging::FlatC] {
                 for prefetch_c in [false, true] {
-                    out.push(GpuSchedule {
-                        stage,
-                        prefetch_c,
-                        ..GpuSchedule::mma(warps, tba, ldmatrix)
-                    });
+                    let groups: &[u32] = if warps == 1 { &[0] } else { &[0, 2, 3] };
+                    for &mma_group in groups {
+                        out.push(GpuSchedule {
+                            stage,
+                            prefetch_c,
+                            mma_group,
+                            ..GpuSchedule::mma(warps, tba, ldmatrix)
+                        });
+                    }
                 }
             }
         }

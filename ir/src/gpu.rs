@@ -191,6 +191,12 @@ pub struct GpuSchedule {
     /// adjacent, read as one vector per k step. Ignored elsewhere.
     #[serde(default)]
     pub vector_reads: bool,
+    /// Tensor-core kernels whose warps do not each keep one row of tiles (the warp count
+    /// no multiple of the row tiles): a warp computes this many tiles of one row tile
+    /// (consecutive column tiles) together, k step by k step, loading each A fragment once
+    /// for all of them; 0 or 1: one tile at a time. Ignored elsewhere.
+    #[serde(default)]
+    pub mma_group: u32,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -261,6 +267,7 @@ impl GpuSchedule {
             prefetch_c: false,
             min_blocks: 0,
             vector_reads: false,
+            mma_group: 0,
         }
     }
 
@@ -279,6 +286,7 @@ impl GpuSchedule {
             prefetch_c: false,
             min_blocks: 0,
             vector_reads: false,
+            mma_group: 0,
         }
     }
 
@@ -291,7 +299,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -299,6 +307,10 @@ impl GpuSchedule {
                 match self.min_blocks {
                     0 => String::new(),
                     b => format!(" mb{b}"),
+                },
+                match self.mma_group {
+                    0 | 1 => String::new(),
+                    g => format!(" g{g}"),
                 }
             ),
             None => format!(
@@ -546,8 +558,9 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
 /// 120 and 128 as the other multiples of 16: version 7; then, with whole-vector stores of
 /// flat A and B, `--quick-mma` over the non-multiples of 8 in 17..31 and `--flatc-only`
 /// over those in 33..127, the winners taken where the bench did not lose, then
-/// `--flatc-only` over the even ones from 66 with C's padded copy: version 8):
-/// (warps, tba, variant).
+/// `--flatc-only` over the even ones from 66 with C's padded copy: version 8; then
+/// `--groups` over 65..112 with tiles in groups, the winners all ahead of the old defaults
+/// in both bench runs: version 11): (warps, tba, variant).
 #[rustfmt::skip]
 const H100_F16_MMA: [(u32, u32, Mma); 113] = [
     (1, 1, Pre), (2, 1, FlatPre), (2, 2, Pre), (2, 1, FlatPre), (2, 2, Pre), (2, 1, FlatPre), // 16..21
@@ -558,11 +571,11 @@ const H100_F16_MMA: [(u32, u32, Mma); 113] = [
     (4, 1, FlatPre), (4, 1, FlatPre), (8, 1, FlatC), (4, 1, Pre), (8, 1, Pre), (4, 1, FlatPre), // 46..51
     (4, 1, Pre), (4, 1, FlatPre), (8, 1, Pre), (8, 1, FlatPre), (8, 1, FlatC), (4, 1, FlatPre), // 52..57
     (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), // 58..63
-    (8, 1, FlatC), (8, 1, FlatPre), (8, 1, FlatC), (8, 1, FlatPre), (8, 1, FlatC), (8, 1, FlatC), // 64..69
-    (8, 1, FlatC), (8, 1, FlatC), (8, 1, Pre), (8, 1, FlatPre), (8, 1, FlatC), (8, 1, FlatPre), // 70..75
-    (4, 1, Pre), (16, 1, FlatC), (4, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 76..81
+    (8, 1, FlatC), (16, 1, FlatC), (8, 1, FlatC), (8, 1, FlatC), (8, 1, FlatC), (8, 1, FlatC), // 64..69
+    (8, 1, FlatC), (8, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (8, 1, FlatC), (16, 1, FlatC), // 70..75
+    (8, 1, FlatC), (16, 1, FlatC), (4, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 76..81
     (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 82..87
-    (4, 1, Pre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatPre), (16, 1, FlatC), (16, 1, FlatPre), // 88..93
+    (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatPre), (16, 1, FlatC), (16, 1, FlatC), // 88..93
     (16, 1, FlatC), (16, 1, FlatPre), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 94..99
     (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 100..105
     (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), (16, 1, FlatC), // 106..111
@@ -576,6 +589,18 @@ const H100_F16_MMA: [(u32, u32, Mma); 113] = [
 /// docs/gpu-notes.md, version 9) found a count better than the code generator's rule:
 /// (n, blocks).
 const H100_F16_MIN_BLOCKS: [(usize, u32); 2] = [(104, 3), (112, 2)];
+
+/// Tiles per warp group (`GpuSchedule::mma_group`) for n = 65..=112 on an H100 (`smallgemm
+/// tune --gpu --dtype f16 --groups`; docs/gpu-notes.md, version 11): the A fragment of a k
+/// step loaded once for 2 or 3 tiles took 3-9 points of the bound at most sizes; 0: one
+/// tile at a time (the winner kept it, or the warps keep one row of tiles each).
+#[rustfmt::skip]
+const H100_F16_GROUP: [u32; 48] = [
+    3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, // 65..76
+    2, 0, 2, 0, 2, 2, 3, 2, 3, 2, 2, 3, // 77..88
+    3, 3, 0, 3, 2, 2, 0, 3, 0, 2, 2, 2, // 89..100
+    2, 0, 2, 3, 3, 2, 3, 2, 2, 2, 2, 3, // 101..112
+];
 
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
 /// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`); or `ldmatrix` with C
@@ -608,8 +633,13 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             .iter()
             .find(|(n, _)| *n == big)
             .map_or(0, |(_, b)| *b);
+        let mma_group = match big {
+            65..=112 => H100_F16_GROUP[big - 65],
+            _ => 0,
+        };
         GpuSchedule {
             min_blocks,
+            mma_group,
             stage: match variant {
                 FlatPre => Staging::Flat,
                 FlatC => Staging::FlatC,

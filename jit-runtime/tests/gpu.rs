@@ -496,29 +496,36 @@ fn f16_mma_loaders_match() {
                 .unwrap(),
         );
     }
-    // (ldmatrix, staging, C prefetch): both loaders as before, then the flat staging of A
-    // and B and the C prefetch, alone and together.
+    // (ldmatrix, staging, C prefetch, tiles per warp group): both loaders as before, then
+    // the flat staging of A and B and the C prefetch, alone and together.
     let variants = [
-        (false, Staging::Padded, false),
-        (true, Staging::Padded, false),
-        (true, Staging::Flat, false),
-        (true, Staging::Padded, true),
-        (true, Staging::Flat, true),
-        (false, Staging::Flat, true),
+        (false, Staging::Padded, false, 0),
+        (true, Staging::Padded, false, 0),
+        (true, Staging::Flat, false, 0),
+        (true, Staging::Padded, true, 0),
+        (true, Staging::Flat, true, 0),
+        (false, Staging::Flat, true, 0),
         // C through shared memory (16-byte copies of the block's span; the prefetch is moot).
-        (true, Staging::FlatC, false),
-        (false, Staging::FlatC, true),
+        (true, Staging::FlatC, false, 0),
+        (false, Staging::FlatC, true, 0),
+        // Tiles of one row tile in groups sharing A's fragments (`mma_group`; a row's last
+        // group may hang over its last column tile), C in shared and in global memory.
+        (true, Staging::FlatC, false, 3),
+        (true, Staging::Padded, true, 2),
+        (false, Staging::Flat, false, 2),
     ];
     for (i, spec) in all.iter().enumerate() {
         let p = spec.col_major();
         for (warps, tba) in [(1, 1), (2, 3), (8, 1), (16, 1)] {
-            for (ldmatrix, stage, prefetch_c) in variants {
-                if warps == 16 && !ldmatrix {
+            for (ldmatrix, stage, prefetch_c, mma_group) in variants {
+                // Groups at the warp counts of the grouped defaults (8 and 16).
+                if (warps == 16 && !ldmatrix) || (warps < 8 && mma_group > 0) {
                     continue;
                 }
                 let s = GpuSchedule {
                     stage,
                     prefetch_c,
+                    mma_group,
                     ..GpuSchedule::mma(warps, tba, ldmatrix)
                 };
                 if s.validate(&p, gpu.target()).is_err() {
