@@ -709,7 +709,6 @@ impl Runner<'_, '_> {
         let budget = timing.budget.saturating_mul(participants as u32);
         let isa = self.ctx.jit.target().isa;
         let (mut probe_bytes, mut probe_seconds) = (0.0, Vec::new());
-        let fma_flops = probe::fma_loop(isa, T::DTYPE)? * threads as f64;
         let mut fma_seconds = Vec::new();
         let measuring = Instant::now();
         for round in 0..timing.reps {
@@ -738,25 +737,26 @@ impl Runner<'_, '_> {
         // figures (the probe at the start of a run read 9.2 to 12.3 GB/s from DRAM on one
         // thread in runs an hour apart; the FMA peak moves likewise under load).
         let bandwidth = probe_bytes / stats::median(&probe_seconds).ok_or("no probe samples")?;
+        let memory = flops / (bytes / bandwidth) / 1e9;
         let bound = match regime {
             Regime::Hot => {
+                let fma_flops = probe::fma_loop(isa, T::DTYPE)? * threads as f64;
                 let fma_time = stats::median(&fma_seconds).ok_or("no probe samples")?;
                 let peak = fma_flops / fma_time / 1e9;
-                let l2 = flops / (bytes / bandwidth) / 1e9;
-                if peak <= l2 {
+                if peak <= memory {
                     Bound {
                         gflops: peak,
                         limit: "fma-peak",
                     }
                 } else {
                     Bound {
-                        gflops: l2,
+                        gflops: memory,
                         limit: "l2",
                     }
                 }
             }
             Regime::Stream => Bound {
-                gflops: flops / (bytes / bandwidth) / 1e9,
+                gflops: memory,
                 limit: "dram",
             },
         };

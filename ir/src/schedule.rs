@@ -206,10 +206,16 @@ impl Schedule {
         self.m_vectors.max(self.block_vectors(rem, lanes))
     }
 
+    /// Whether the last rows of `problem`'s columns take a masked vector access on `target`
+    /// (not split into whole narrower vectors, nor a width plain moves handle).
+    pub fn masked_tail(&self, problem: &ColMajorProblem, target: Target) -> bool {
+        let tail_bytes = (problem.m % self.lanes(target, problem.dtype)) * problem.dtype.size();
+        !self.split_tail && tail_bytes != 0 && target.masked_tail(tail_bytes)
+    }
+
     /// Register use of this schedule for `problem` on `target`.
     pub fn registers(&self, problem: &ColMajorProblem, target: Target) -> RegisterUse {
         let lanes = self.lanes(target, problem.dtype);
-        let tail_bytes = (problem.m % lanes) * problem.dtype.size();
         let vectors = self.max_block_vectors(problem, lanes);
         RegisterUse {
             accumulators: vectors * self.n_cols,
@@ -218,9 +224,7 @@ impl Schedule {
             epilogue: epilogue_temporaries(problem.alpha, problem.beta),
             masks: match target.masks() {
                 // Tails that plain moves handle need no mask register.
-                MaskSupport::VectorRegister => {
-                    (!self.split_tail && tail_bytes != 0 && target.masked_tail(tail_bytes)) as usize
-                }
+                MaskSupport::VectorRegister => self.masked_tail(problem, target) as usize,
                 MaskSupport::MaskRegisters { .. } | MaskSupport::PartialAccess => 0,
             },
         }
