@@ -417,6 +417,10 @@ impl<'a> Emitter<'a> {
                     }
                 }
             }
+            // The runtime makes them for x86 only (AArch64's `stnp` is not used).
+            Op::StoreStream { .. } => {
+                return Err(EmitError::Unsupported("streaming stores"));
+            }
             // Full-width arithmetic is a valid narrowing: the upper lanes are left undefined
             // (the lowering narrows only x86 tails).
             Op::Narrow { .. } => {}

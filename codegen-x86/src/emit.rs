@@ -14,6 +14,8 @@ use crate::{regs, EmitError};
 struct Forms {
     load: VForm,
     store: VForm,
+    /// The non-temporal store (whole aligned vectors only).
+    store_stream: VForm,
     masked_load: VForm,
     masked_store: VForm,
     broadcast: VForm,
@@ -48,6 +50,7 @@ fn forms(isa: Isa, dtype: Dtype, bytes: usize) -> Result<Forms, EmitError> {
     Ok(Forms {
         load: w(full.load),
         store: w(full.store),
+        store_stream: w(full.store_stream),
         masked_load: w(full.masked_load),
         masked_store: w(full.masked_store),
         broadcast,
@@ -68,6 +71,7 @@ fn full_forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
         (Isa::Avx2, Dtype::F64) => Forms {
             load: VEX_VMOVUPD_YMM_M256,
             store: VEX_VMOVUPD_M256_YMM,
+            store_stream: VEX_VMOVNTPD_M256_YMM,
             masked_load: VEX_VMASKMOVPD_YMM_YMM_M256,
             masked_store: VEX_VMASKMOVPD_M256_YMM_YMM,
             broadcast: VEX_VBROADCASTSD_YMM_M64,
@@ -82,6 +86,7 @@ fn full_forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
         (Isa::Avx2, Dtype::F32) => Forms {
             load: VEX_VMOVUPS_YMM_M256,
             store: VEX_VMOVUPS_M256_YMM,
+            store_stream: VEX_VMOVNTPS_M256_YMM,
             masked_load: VEX_VMASKMOVPS_YMM_YMM_M256,
             masked_store: VEX_VMASKMOVPS_M256_YMM_YMM,
             broadcast: VEX_VBROADCASTSS_YMM_M32,
@@ -96,6 +101,7 @@ fn full_forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
         (Isa::Avx512, Dtype::F64) => Forms {
             load: EVEX_VMOVUPD_ZMM_M512,
             store: EVEX_VMOVUPD_M512_ZMM,
+            store_stream: EVEX_VMOVNTPD_M512_ZMM,
             masked_load: EVEX_VMOVUPD_ZMM_M512,
             masked_store: EVEX_VMOVUPD_M512_ZMM,
             broadcast: EVEX_VBROADCASTSD_ZMM_M64,
@@ -110,6 +116,7 @@ fn full_forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
         (Isa::Avx512, Dtype::F32) => Forms {
             load: EVEX_VMOVUPS_ZMM_M512,
             store: EVEX_VMOVUPS_M512_ZMM,
+            store_stream: EVEX_VMOVNTPS_M512_ZMM,
             masked_load: EVEX_VMOVUPS_ZMM_M512,
             masked_store: EVEX_VMOVUPS_M512_ZMM,
             broadcast: EVEX_VBROADCASTSS_ZMM_M32,
@@ -278,6 +285,11 @@ impl<'a> Emitter<'a> {
                 .vec(enc::VEX_VMOVDQU_M128_XMM, v as u8, 0, Rm::Mem(slot), no);
         }
         self.ops(&program.ops)?;
+        if program.stores_streaming() {
+            // Non-temporal stores are weakly ordered: without the fence a lock or atomic the
+            // caller releases after the call would not order them (threads of a split batch).
+            self.asm.sfence();
+        }
         for (i, &v) in saved_vectors.iter().enumerate() {
             let slot = Mem::with_disp(enc::RSP, scratch + 16 * i as i32);
             let no = Evex::default();
@@ -480,6 +492,10 @@ impl<'a> Emitter<'a> {
                     None => self.vec(store, r, 0, m),
                     Some(mask) => self.masked(true, r, m, mask)?,
                 }
+            }
+            Op::StoreStream { addr, src } => {
+                let (r, m) = (self.v(src)?, self.mem(addr)?);
+                self.vec(self.forms.store_stream, r, 0, m);
             }
             Op::Broadcast { dst, addr } => {
                 let (r, m) = (self.v(dst)?, self.mem(addr)?);

@@ -288,6 +288,9 @@ impl<'a> Emitter<'a> {
             self.add(Instruction::with2(Code::VEX_Vmovdqu_xmmm128_xmm, slot, x)?)?;
         }
         self.ops(&program.ops)?;
+        if program.stores_streaming() {
+            self.add(Instruction::with(Code::Sfence))?;
+        }
         for (i, &v) in saved_vectors.iter().enumerate() {
             let slot =
                 MemoryOperand::with_base_displ(Register::RSP, (scratch + 16 * i as i32) as i64);
@@ -522,6 +525,23 @@ impl<'a> Emitter<'a> {
                     None => self.add(Instruction::with2(store, m, r)?)?,
                     Some(mask) => self.masked(true, r, m, mask)?,
                 }
+            }
+            Op::StoreStream { addr, src } => {
+                use Code::*;
+                let code = match (self.isa, dtype, self.program.vector_bytes()) {
+                    (Isa::Avx2, Dtype::F64, 16) => VEX_Vmovntpd_m128_xmm,
+                    (Isa::Avx2, Dtype::F64, _) => VEX_Vmovntpd_m256_ymm,
+                    (Isa::Avx2, _, 16) => VEX_Vmovntps_m128_xmm,
+                    (Isa::Avx2, _, _) => VEX_Vmovntps_m256_ymm,
+                    (_, Dtype::F64, 16) => EVEX_Vmovntpd_m128_xmm,
+                    (_, Dtype::F64, 32) => EVEX_Vmovntpd_m256_ymm,
+                    (_, Dtype::F64, _) => EVEX_Vmovntpd_m512_zmm,
+                    (_, _, 16) => EVEX_Vmovntps_m128_xmm,
+                    (_, _, 32) => EVEX_Vmovntps_m256_ymm,
+                    _ => EVEX_Vmovntps_m512_zmm,
+                };
+                let (r, m) = (self.v(src)?, self.mem(addr, false)?);
+                self.add(Instruction::with2(code, m, r)?)?;
             }
             Op::Broadcast { dst, addr } => {
                 let i = Instruction::with2(broadcast, self.v(dst)?, self.mem(addr, false)?)?;

@@ -119,6 +119,8 @@ pub(crate) const VEX_VMOVUPD_YMM_M256: VForm = vex(1, 1, false, 1, 0x10);
 pub(crate) const VEX_VMOVUPD_M256_YMM: VForm = vex(1, 1, false, 1, 0x11);
 pub(crate) const VEX_VMOVUPS_YMM_M256: VForm = vex(1, 0, false, 1, 0x10);
 pub(crate) const VEX_VMOVUPS_M256_YMM: VForm = vex(1, 0, false, 1, 0x11);
+pub(crate) const VEX_VMOVNTPD_M256_YMM: VForm = vex(1, 1, false, 1, 0x2B);
+pub(crate) const VEX_VMOVNTPS_M256_YMM: VForm = vex(1, 0, false, 1, 0x2B);
 pub(crate) const VEX_VMASKMOVPD_YMM_YMM_M256: VForm = vex(2, 1, false, 1, 0x2D);
 pub(crate) const VEX_VMASKMOVPD_M256_YMM_YMM: VForm = vex(2, 1, false, 1, 0x2F);
 pub(crate) const VEX_VMASKMOVPS_YMM_YMM_M256: VForm = vex(2, 1, false, 1, 0x2C);
@@ -158,6 +160,8 @@ pub(crate) const EVEX_VMOVUPD_ZMM_M512: VForm = evex(1, 1, true, 2, 0x10, 64);
 pub(crate) const EVEX_VMOVUPD_M512_ZMM: VForm = evex(1, 1, true, 2, 0x11, 64);
 pub(crate) const EVEX_VMOVUPS_ZMM_M512: VForm = evex(1, 0, false, 2, 0x10, 64);
 pub(crate) const EVEX_VMOVUPS_M512_ZMM: VForm = evex(1, 0, false, 2, 0x11, 64);
+pub(crate) const EVEX_VMOVNTPD_M512_ZMM: VForm = evex(1, 1, true, 2, 0x2B, 64);
+pub(crate) const EVEX_VMOVNTPS_M512_ZMM: VForm = evex(1, 0, false, 2, 0x2B, 64);
 pub(crate) const EVEX_VBROADCASTSD_ZMM_M64: VForm = evex(2, 1, true, 2, 0x19, 8);
 pub(crate) const EVEX_VBROADCASTSS_ZMM_M32: VForm = evex(2, 1, false, 2, 0x18, 4);
 pub(crate) const EVEX_VMOVSD_XMM_M64: VForm = evex(1, 3, true, 0, 0x10, 8);
@@ -566,6 +570,11 @@ impl Assembler {
     /// `prefetcht0 m8` (0F 18 /1): into every cache level.
     pub(crate) fn prefetcht0(&mut self, m: Rm) {
         self.legacy(false, &[0x0F, 0x18], 1, m, &[]);
+    }
+
+    /// `sfence`: orders the weakly ordered (non-temporal) stores before it.
+    pub(crate) fn sfence(&mut self) {
+        self.bytes(&[0x0F, 0xAE, 0xF8]);
     }
 
     /// `push r64`.

@@ -1337,6 +1337,60 @@ fn kernels_match_the_iced_path() {
     assert!(kernels >= 4 * 90, "{kernels}");
 }
 
+/// Kernels with streaming stores of C (`smallgemm_ir::stream_store`): the same bytes on
+/// both paths, `vmovntps` / `vmovntpd` at every vector width, and a fence before returning.
+#[test]
+fn streaming_store_kernels_match_the_iced_path() {
+    let mut kernels = 0;
+    for (dtype, sizes) in [
+        (Dtype::F64, [4, 8, 16, 24, 32]),
+        (Dtype::F32, [8, 16, 32, 24, 12]),
+    ] {
+        for n in sizes {
+            let spec = GemmSpec::builder(dtype, n, n, 5)
+                .alpha(Scalar::Runtime)
+                .beta(Scalar::Zero)
+                .build()
+                .unwrap();
+            let problem = spec.col_major();
+            for target in [Target::AVX2, Target::AVX512] {
+                let planned = plan(&problem, target);
+                for &vector_bytes in target.vector_widths() {
+                    for prefetch in [false, true] {
+                        let schedule = Schedule {
+                            vector_bytes,
+                            prefetch,
+                            ..planned
+                        };
+                        if schedule.validate(&problem, target).is_err() {
+                            continue;
+                        }
+                        let mut program = lower(&problem, target, &schedule).unwrap();
+                        if !smallgemm_ir::stream_store::apply(&mut program) {
+                            continue;
+                        }
+                        for conv in [CallConv::SysV, CallConv::Win64] {
+                            let old = crate::emit_iced(&program, target.isa, conv).unwrap();
+                            let new = crate::emit_with(&program, target.isa, conv).unwrap();
+                            assert!(new == old, "{} {schedule:?} {conv:?}", spec.name());
+                            let text = crate::listing(&new);
+                            let nt = if dtype == Dtype::F64 {
+                                "vmovntpd"
+                            } else {
+                                "vmovntps"
+                            };
+                            assert!(text.contains(nt) && text.contains("sfence"), "{text}");
+                            assert!(!text.contains("vmovupd [") && !text.contains("vmovups ["));
+                            kernels += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(kernels >= 40, "{kernels}");
+}
+
 /// Errors, never panics, for programs the backend cannot encode.
 #[test]
 fn bad_programs_are_errors() {

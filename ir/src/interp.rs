@@ -37,6 +37,16 @@ pub enum InterpError {
         region: &'static str,
         offset: i64,
     },
+    #[error(
+        "{op}: a streaming store at byte {offset} of {region}, which is not C at a multiple of \
+         the vector width ({width} bytes)"
+    )]
+    StreamMisaligned {
+        op: String,
+        region: &'static str,
+        offset: i64,
+        width: usize,
+    },
     #[error("{op}: {what} was read before it was written")]
     Undefined { op: String, what: String },
     #[error("{op}: {gpr} holds a count, not an address")]
@@ -238,6 +248,31 @@ impl<T: Element> Machine<'_, T> {
                 let n = self.active(op, *mask)?;
                 let v = self.get(op, *src)?;
                 for (i, &lane) in v.iter().enumerate().take(n) {
+                    self.write(op, *addr, i, lane)?;
+                }
+            }
+            Op::StoreStream { addr, src } => {
+                // The caller aligns C to the vector width; so must the store's offset be.
+                let width = self.program.vector_bytes();
+                let at = match self.gpr(op, addr.base)? {
+                    Value::Address { region, offset } => (region, offset + addr.offset as i64),
+                    Value::Count(_) => {
+                        return Err(InterpError::NotAnAddress {
+                            op: format!("{op:?}"),
+                            gpr: addr.base,
+                        })
+                    }
+                };
+                if at.0 != Region::C || at.1 % width as i64 != 0 || self.narrow.is_some() {
+                    return Err(InterpError::StreamMisaligned {
+                        op: format!("{op:?}"),
+                        region: at.0.name(),
+                        offset: at.1,
+                        width,
+                    });
+                }
+                let v = self.get(op, *src)?;
+                for (i, &lane) in v.iter().enumerate().take(lanes) {
                     self.write(op, *addr, i, lane)?;
                 }
             }

@@ -23,6 +23,7 @@ mod program;
 pub mod reference;
 mod schedule;
 mod spec;
+pub mod stream_store;
 mod target;
 
 pub use element::Element;

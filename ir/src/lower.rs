@@ -1154,6 +1154,7 @@ fn shift_vregs(op: Op, shift: u8) -> Op {
         },
         Op::LoadScalar { dst, addr } => Op::LoadScalar { dst: s(dst), addr },
         Op::StoreScalar { addr, src } => Op::StoreScalar { addr, src: s(src) },
+        Op::StoreStream { addr, src } => Op::StoreStream { addr, src: s(src) },
         Op::Fma { acc, a, b, negate } => Op::Fma {
             acc: s(acc),
             a: s(a),

@@ -107,8 +107,10 @@ fn memory_operand(op: &Op) -> Option<Addr> {
         | Op::LoadScalar { addr, .. }
         | Op::StoreScalar { addr, .. }
         | Op::FmaBroadcast { b: addr, .. } => Some(*addr),
-        // Scratch memory, pointer arrays, hints and register operations.
-        Op::StoreParam { .. }
+        // Scratch memory, pointer arrays, hints, register operations, and C's lines that
+        // are written whole without being read.
+        Op::StoreStream { .. }
+        | Op::StoreParam { .. }
         | Op::StoreConst { .. }
         | Op::LoadAddress { .. }
         | Op::Prefetch { .. }

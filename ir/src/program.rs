@@ -88,6 +88,12 @@ pub enum Op {
         src: VReg,
         mask: Option<Mask>,
     },
+    /// memory = src, all lanes, bypassing the caches (x86 `vmovntps` / `vmovntpd`): a
+    /// whole vector at an address aligned to its width, in C only. Such stores are weakly
+    /// ordered; a program that has them ends with a store fence. The kernel's caller must
+    /// pass C aligned to the vector width (see `Program::stores_streaming`); the pass that
+    /// makes them ([`crate::stream_store`]) checks that every such store is then aligned.
+    StoreStream { addr: Addr, src: VReg },
     /// Every lane of dst = the scalar at addr.
     Broadcast { dst: VReg, addr: Addr },
     /// Every group of four lanes of dst = the four consecutive scalars at addr (a vector of
@@ -224,6 +230,25 @@ pub fn narrowed_ops(ops: &[Op]) -> impl Iterator<Item = Result<(Option<u32>, &Op
 }
 
 impl Program {
+    /// Whether the program stores with `Op::StoreStream`: its caller must then pass C
+    /// aligned to the vector width (`lanes` elements), and the program ends with a store
+    /// fence.
+    pub fn stores_streaming(&self) -> bool {
+        fn any(ops: &[Op]) -> bool {
+            ops.iter().any(|op| match op {
+                Op::StoreStream { .. } => true,
+                Op::Loop { body, .. } => any(body),
+                _ => false,
+            })
+        }
+        any(&self.ops)
+    }
+
+    /// Bytes of one whole vector register of the program.
+    pub fn vector_bytes(&self) -> usize {
+        self.lanes * self.dtype.size()
+    }
+
     /// The vector register that holds `mask`, if masks live in vector registers.
     pub fn mask_vreg(&self, mask: Mask) -> Option<VReg> {
         self.masks
@@ -242,7 +267,9 @@ impl Program {
                         c.loads += times
                     }
                     Op::Broadcast { .. } | Op::BroadcastGroup { .. } => c.broadcasts += times,
-                    Op::Store { .. } | Op::StoreScalar { .. } => c.stores += times,
+                    Op::Store { .. } | Op::StoreStream { .. } | Op::StoreScalar { .. } => {
+                        c.stores += times
+                    }
                     Op::Fma { .. } | Op::FmaLane { .. } => c.fmas += times,
                     Op::FmaBroadcast { .. } => {
                         c.fmas += times;
@@ -342,6 +369,9 @@ impl fmt::Display for Program {
                     }
                     Op::Store { addr, src, mask } => {
                         writeln!(f, "{pad}store {addr}{} = v{}", m(mask), src.0)?
+                    }
+                    Op::StoreStream { addr, src } => {
+                        writeln!(f, "{pad}store.stream {addr} = v{}", src.0)?
                     }
                     Op::Broadcast { dst, addr } => {
                         writeln!(f, "{pad}v{} = broadcast {addr}", dst.0)?

@@ -140,9 +140,15 @@ impl<T: Element> Chunk<'_, T> {
         let at = |i: usize| t.args[i].0.add(self.start * t.step[i]);
         // The kernel and scalars were checked when the task was made; `call` cannot fail
         // on a host that compiled the kernel.
-        let _ = t
-            .kernel
-            .call(at(0), at(1), at(2) as *mut u8, self.len, t.alpha, t.beta);
+        let _ = t.kernel.call_part(
+            at(0),
+            at(1),
+            at(2) as *mut u8,
+            self.len,
+            t.count,
+            t.alpha,
+            t.beta,
+        );
     }
 }
 

@@ -48,6 +48,27 @@ pub(crate) fn l2_bytes() -> usize {
     })
 }
 
+/// Bytes of the last-level cache (the highest level Linux's sysfs lists for cpu0; 32 MiB
+/// where it cannot be read).
+pub(crate) fn last_level_cache_bytes() -> usize {
+    static LLC: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LLC.get_or_init(|| {
+        (0..8)
+            .filter_map(|i| {
+                let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+                let level = std::fs::read_to_string(format!("{dir}/level")).ok()?;
+                let kind = std::fs::read_to_string(format!("{dir}/type")).ok()?;
+                if kind.trim() == "Instruction" {
+                    return None;
+                }
+                let size = parse_size(&std::fs::read_to_string(format!("{dir}/size")).ok()?)?;
+                Some((level.trim().parse::<u32>().ok()?, size))
+            })
+            .max()
+            .map_or(32 << 20, |(_, size)| size)
+    })
+}
+
 /// A sysfs cache size: "2048K", "1M", or bytes.
 fn parse_size(text: &str) -> Option<usize> {
     let text = text.trim();

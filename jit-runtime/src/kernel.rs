@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use smallgemm_ir::{
     compile_program, BatchForm, Element, GemmSpec, Isa, MachineCode, Operand, Param, Program,
-    Schedule, Target,
+    Scalar, Schedule, Target,
 };
 
 use crate::exec::ExecutableCode;
@@ -48,18 +48,23 @@ pub fn generate_with_abi(
     abi: Abi,
 ) -> Result<Generated, Error> {
     let (schedule, program) = compile_program(spec, target, schedule)?;
-    let conv = match abi {
-        Abi::Native => smallgemm_codegen_x86::CallConv::SysV,
-        Abi::Windows => smallgemm_codegen_x86::CallConv::Win64,
-    };
-    let code = match target.isa {
-        Isa::Avx2 | Isa::Avx512 => smallgemm_codegen_x86::emit_with(&program, target.isa, conv)?,
-        Isa::Neon => smallgemm_codegen_arm::emit(&program)?,
-    };
+    let code = emit(&program, target, abi)?;
     Ok(Generated {
         schedule,
         program,
         code,
+    })
+}
+
+/// Encodes `program` for `target` in the calling convention `abi`.
+fn emit(program: &Program, target: Target, abi: Abi) -> Result<MachineCode, Error> {
+    let conv = match abi {
+        Abi::Native => smallgemm_codegen_x86::CallConv::SysV,
+        Abi::Windows => smallgemm_codegen_x86::CallConv::Win64,
+    };
+    Ok(match target.isa {
+        Isa::Avx2 | Isa::Avx512 => smallgemm_codegen_x86::emit_with(program, target.isa, conv)?,
+        Isa::Neon => smallgemm_codegen_arm::emit(program)?,
     })
 }
 
@@ -98,10 +103,17 @@ pub struct Kernel {
     /// compiled on the first such call; None where it does not pay (or failed to compile:
     /// the kernel's own code then runs, correct and a little slower).
     streaming: OnceLock<Option<ExecutableCode>>,
+    /// `streaming` with C written by non-temporal stores, for beta = 0 (see
+    /// [`smallgemm_ir::stream_store`]), and the alignment of C it needs: run only on calls
+    /// whose C is that aligned and whose batch outgrows the last-level cache. None where no
+    /// store qualifies.
+    streaming_stores: OnceLock<Option<(ExecutableCode, usize)>>,
     /// Whether `streaming` may block differently from `schedule` (see [`Kernel::compile`]).
     stream_blocks: bool,
     /// The fewest matrices a call needs to run `streaming` (usize::MAX: never).
     streaming_batch: usize,
+    /// The fewest matrices a call needs to run `streaming_stores` (usize::MAX: never).
+    streaming_stores_batch: usize,
     compile_time: Duration,
 }
 
@@ -131,6 +143,24 @@ fn streaming_batch(spec: &GemmSpec, target: Target, schedule: &Schedule, reblock
     (crate::cpu::l2_bytes() / per_matrix).saturating_add(1)
 }
 
+/// The fewest matrices for which a strided batch of `spec` with beta = 0 is larger than
+/// the last-level cache, where non-temporal stores of C pay: below it the caller's next read
+/// of C would come from memory instead of the cache. usize::MAX where they do not apply.
+fn streaming_stores_batch(spec: &GemmSpec, target: Target) -> usize {
+    let per_matrix = [Operand::A, Operand::B, Operand::C]
+        .map(|o| spec.stride(o).saturating_mul(spec.dtype().size()))
+        .iter()
+        .fold(0usize, |sum, &x| sum.saturating_add(x));
+    if spec.batch_form() != BatchForm::Strided
+        || spec.beta() != Scalar::Zero
+        || target.isa == Isa::Neon
+        || per_matrix == 0
+    {
+        return usize::MAX;
+    }
+    (crate::cpu::last_level_cache_bytes() / per_matrix).saturating_add(1)
+}
+
 impl Kernel {
     /// Compiles `spec` for `target`. The caller guarantees this CPU runs `target`
     /// (`Jit` checks it once).
@@ -156,8 +186,10 @@ impl Kernel {
             code: generated.code,
             exec,
             streaming: OnceLock::new(),
+            streaming_stores: OnceLock::new(),
             stream_blocks,
             streaming_batch: streaming_batch(spec, target, &generated.schedule, stream_blocks),
+            streaming_stores_batch: streaming_stores_batch(spec, target),
             compile_time: start.elapsed(),
         })
     }
@@ -171,35 +203,83 @@ impl Kernel {
         batch >= self.streaming_batch
     }
 
-    /// The code to run `batch` matrices with: the streaming variant when the batch
-    /// streams (compiled on the first such call), else the kernel's own.
-    fn entry(&self, batch: usize) -> *const u8 {
-        if self.streams(batch) {
-            let variant = self.streaming.get_or_init(|| {
-                // Planned here, on the first streaming call: most kernels never stream.
-                let schedule = if self.stream_blocks {
-                    smallgemm_ir::plan_streaming(
-                        &self.spec.col_major(),
-                        self.target,
-                        &self.schedule,
-                    )
+    /// Whether a call on `batch` matrices with C at `c` writes C with non-temporal stores,
+    /// which leave it in memory rather than in the caches: for beta = 0, strided batches
+    /// larger than the last-level cache, where every store of C is a whole vector aligned
+    /// to the vector width when `c` is (columns and matrices a multiple of it apart), and
+    /// `c` is. The first such query or call compiles that variant.
+    pub fn stores_streaming(&self, batch: usize, c: *const u8) -> bool {
+        self.streaming_stores_entry(batch, c).is_some()
+    }
+
+    /// The entry of the variant with non-temporal stores of C, where a call on `batch`
+    /// matrices with C at `c` runs it (see [`Kernel::stores_streaming`]).
+    fn streaming_stores_entry(&self, batch: usize, c: *const u8) -> Option<*const u8> {
+        if batch < self.streaming_stores_batch {
+            return None;
+        }
+        let (code, align) = self
+            .streaming_stores
+            .get_or_init(|| {
+                // The streaming variant's schedule where it has one, else the kernel's own.
+                let schedule = if self.streaming_batch == usize::MAX {
+                    self.schedule
                 } else {
-                    Schedule {
-                        prefetch: true,
-                        ..self.schedule
-                    }
+                    self.streaming_schedule()
                 };
-                let generated = generate(&self.spec, self.target, Some(&schedule)).ok()?;
-                map_named(&generated.code, || {
-                    format!("{}_{}_stream", self.target.isa, self.spec.name())
+                let (_, mut program) =
+                    compile_program(&self.spec, self.target, Some(&schedule)).ok()?;
+                if !smallgemm_ir::stream_store::apply(&mut program) {
+                    return None;
+                }
+                let code = emit(&program, self.target, Abi::Native).ok()?;
+                let exec = map_named(&code, || {
+                    format!("{}_{}_stream_nt", self.target.isa, self.spec.name())
                 })
-                .ok()
-            });
-            if let Some(code) = variant {
-                return code.entry();
+                .ok()?;
+                Some((exec, program.vector_bytes()))
+            })
+            .as_ref()?;
+        (c as usize % align == 0).then(|| code.entry())
+    }
+
+    /// The schedule of the variant for batches that stream from memory.
+    fn streaming_schedule(&self) -> Schedule {
+        if self.stream_blocks {
+            smallgemm_ir::plan_streaming(&self.spec.col_major(), self.target, &self.schedule)
+        } else {
+            Schedule {
+                prefetch: true,
+                ..self.schedule
             }
         }
-        self.exec.entry()
+    }
+
+    /// The code to run `batch` matrices, part of a batch of `whole`, with C at `c`: with
+    /// beta = 0 and a whole batch larger than the last-level cache, a variant that writes C
+    /// with non-temporal stores where they apply and `c` is aligned for them; else the
+    /// streaming variant when the batch streams; else the kernel's own. Variants are
+    /// compiled on the first call that runs them.
+    fn entry(&self, batch: usize, whole: usize, c: *const u8) -> *const u8 {
+        if let Some(entry) = self.streaming_stores_entry(whole, c) {
+            return entry;
+        }
+        if !self.streams(batch) {
+            return self.exec.entry();
+        }
+        let variant = self.streaming.get_or_init(|| {
+            // Planned here, on the first streaming call: most kernels never stream.
+            let generated =
+                generate(&self.spec, self.target, Some(&self.streaming_schedule())).ok()?;
+            map_named(&generated.code, || {
+                format!("{}_{}_stream", self.target.isa, self.spec.name())
+            })
+            .ok()
+        });
+        match variant {
+            Some(code) => code.entry(),
+            None => self.exec.entry(),
+        }
     }
 
     pub fn spec(&self) -> &GemmSpec {
@@ -448,6 +528,23 @@ impl Kernel {
         alpha: T,
         beta: T,
     ) -> Result<(), Error> {
+        self.call_part(a, b, c, batch, batch, alpha, beta)
+    }
+
+    /// As [`Kernel::call`] on `batch` matrices that are part of a batch of `whole` split
+    /// across threads: whether C's stores bypass the caches depends on the whole batch's
+    /// size (see [`Kernel::stores_streaming`]), the other variants on the part's.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn call_part<T: Element>(
+        &self,
+        a: *const u8,
+        b: *const u8,
+        c: *mut u8,
+        batch: usize,
+        whole: usize,
+        alpha: T,
+        beta: T,
+    ) -> Result<(), Error> {
         // Row-major specs run as column-major with the operands exchanged.
         let (a, b) = if self.spec.col_major().swap_operands {
             (b, a)
@@ -464,7 +561,8 @@ impl Kernel {
             type Entry<T> = unsafe extern "sysv64" fn(*const u8, *const u8, *mut u8, usize, T, T);
             // SAFETY: the code was emitted for this signature (System V, see codegen-x86) on
             // a target this CPU runs, and stays mapped while `self` lives.
-            let entry: Entry<T> = std::mem::transmute::<*const u8, Entry<T>>(self.entry(batch));
+            let entry: Entry<T> =
+                std::mem::transmute::<*const u8, Entry<T>>(self.entry(batch, whole, c));
             entry(a, b, c, batch, x0, x1);
             Ok(())
         }
@@ -474,7 +572,7 @@ impl Kernel {
             // in x0..x3, scalars in v0, v1; see codegen-arm) for NEON, the only ISA an
             // AArch64 JIT compiles for, and stays mapped while `self` lives.
             let entry: unsafe extern "C" fn(_, _, _, usize, T, T) =
-                std::mem::transmute::<*const u8, _>(self.entry(batch));
+                std::mem::transmute::<*const u8, _>(self.entry(batch, whole, c));
             entry(a, b, c, batch, x0, x1);
             Ok(())
         }

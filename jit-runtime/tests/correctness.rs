@@ -566,3 +566,111 @@ fn zero_strides_broadcast_an_operand() {
         .unwrap();
     common::check_spec::<f32>(&jit, &spec, 5, 8);
 }
+
+/// A batch with beta = 0 larger than the last-level cache writes C with non-temporal stores
+/// where every store of C is a whole vector at an aligned address and C is aligned (f64
+/// 8x8x8 and f32 16x16x16 on AVX-512; f64 12x12x12 and a row-major f64 16x8x4 on AVX2),
+/// through `Kernel::run` and split across threads; with C one element off, or a column
+/// tail (f64 12x12x12 on AVX-512), it stores as usual. Every result is checked against the reference and the sentinels, C
+/// starting as NaN.
+#[test]
+fn streaming_stores_of_c_past_the_last_level_cache() {
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        let Some(jit) = jit(isa) else { continue };
+        let row_major = GemmSpec::builder(Dtype::F64, 16, 8, 4)
+            .layout(Layout::RowMajor)
+            .alpha(Scalar::Runtime)
+            .beta(Scalar::Zero)
+            .build()
+            .unwrap();
+        let square = |dtype, n| {
+            GemmSpec::builder(dtype, n, n, n)
+                .alpha(Scalar::Runtime)
+                .beta(Scalar::Zero)
+                .build()
+                .unwrap()
+        };
+        let cases = match isa {
+            Isa::Avx512 => vec![
+                (square(Dtype::F64, 8), true),
+                (square(Dtype::F32, 16), true),
+                (square(Dtype::F64, 12), false),
+            ],
+            _ => vec![(square(Dtype::F64, 12), true), (row_major, true)],
+        };
+        for (spec, streams) in cases {
+            match spec.dtype() {
+                Dtype::F64 => check_streaming_stores::<f64>(&jit, &spec, streams),
+                _ => check_streaming_stores::<f32>(&jit, &spec, streams),
+            }
+        }
+    }
+}
+
+fn check_streaming_stores<T: smallgemm::Element>(jit: &Jit, spec: &GemmSpec, streams: bool) {
+    use smallgemm_ir::reference::TestData;
+    let kernel = jit.kernel(spec).unwrap();
+    let aligned = 4096 as *const u8;
+    // The smallest power-of-two batch that qualifies: larger than the last-level cache.
+    let per_matrix: usize = [Operand::A, Operand::B, Operand::C]
+        .iter()
+        .map(|&o| spec.stride(o) * spec.dtype().size())
+        .sum();
+    let mut batch = 1;
+    while !kernel.stores_streaming(batch, aligned) && batch * per_matrix < (1 << 30) {
+        batch *= 2;
+    }
+    assert_eq!(
+        kernel.stores_streaming(batch, aligned),
+        streams,
+        "{}",
+        spec.name()
+    );
+    if !streams {
+        // Sized as if it streamed: past a 32 MiB last-level cache.
+        batch = (40 << 20) / per_matrix;
+    }
+    let alpha = T::from_f64(1.375);
+    let mut data = TestData::<T>::new(spec, batch, 91);
+    let (a, b) = (data.a.clone(), data.b.clone());
+    let len = data.c().len();
+    let lanes = 64 / std::mem::size_of::<T>();
+    let guard = 2 * lanes;
+    let sentinel = T::from_f64(-7.75);
+    for (skew, threads) in [(0, false), (0, true), (1, false)] {
+        // C copied to a 64-byte-aligned place (`skew` elements past it), guards around it.
+        let mut buffer = vec![sentinel; len + 2 * guard + lanes];
+        let start = buffer.as_ptr().align_offset(64) + guard + skew;
+        data.reset_c();
+        buffer[start..start + len].copy_from_slice(data.c());
+        let c = &mut buffer[start..start + len];
+        let expect_nt = streams && skew == 0;
+        assert_eq!(
+            kernel.stores_streaming(batch, c.as_ptr().cast()),
+            expect_nt,
+            "{} skew {skew}",
+            spec.name()
+        );
+        if threads {
+            jit.gemm_batch_strided(spec, &a, &b, c, batch, alpha, T::default())
+                .unwrap();
+        } else {
+            kernel.run(&a, &b, c, batch, alpha, T::default()).unwrap();
+        }
+        let outside = buffer[..start].iter().chain(&buffer[start + len..]);
+        assert!(
+            outside.into_iter().all(|x| x.to_f64() == -7.75),
+            "{}: a write outside C",
+            spec.name()
+        );
+        data.c_mut().copy_from_slice(&buffer[start..start + len]);
+        let report = data.check(1.375, 0.0);
+        assert!(
+            report.passed(),
+            "{} on {} (batch {batch}, skew {skew}, threads {threads}): {}",
+            spec.name(),
+            jit.target(),
+            report.failure.as_deref().unwrap_or("")
+        );
+    }
+}
