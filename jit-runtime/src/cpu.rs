@@ -34,17 +34,10 @@ pub fn supported_isas() -> Vec<Isa> {
 pub(crate) fn l2_bytes() -> usize {
     static L2: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *L2.get_or_init(|| {
-        (0..8)
-            .find_map(|i| {
-                let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
-                let level = std::fs::read_to_string(format!("{dir}/level")).ok()?;
-                let kind = std::fs::read_to_string(format!("{dir}/type")).ok()?;
-                if level.trim() != "2" || kind.trim() == "Instruction" {
-                    return None;
-                }
-                parse_size(&std::fs::read_to_string(format!("{dir}/size")).ok()?)
-            })
-            .unwrap_or(1 << 20)
+        data_caches()
+            .into_iter()
+            .find(|&(level, _)| level == 2)
+            .map_or(1 << 20, |(_, size)| size)
     })
 }
 
@@ -53,20 +46,28 @@ pub(crate) fn l2_bytes() -> usize {
 pub(crate) fn last_level_cache_bytes() -> usize {
     static LLC: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *LLC.get_or_init(|| {
-        (0..8)
-            .filter_map(|i| {
-                let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
-                let level = std::fs::read_to_string(format!("{dir}/level")).ok()?;
-                let kind = std::fs::read_to_string(format!("{dir}/type")).ok()?;
-                if kind.trim() == "Instruction" {
-                    return None;
-                }
-                let size = parse_size(&std::fs::read_to_string(format!("{dir}/size")).ok()?)?;
-                Some((level.trim().parse::<u32>().ok()?, size))
-            })
+        data_caches()
+            .into_iter()
             .max()
             .map_or(32 << 20, |(_, size)| size)
     })
+}
+
+/// The level and bytes of each data or unified cache Linux's sysfs lists for cpu0.
+fn data_caches() -> Vec<(u32, usize)> {
+    (0..8)
+        .filter_map(|i| {
+            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+            let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).ok();
+            if read("type")?.trim() == "Instruction" {
+                return None;
+            }
+            Some((
+                read("level")?.trim().parse().ok()?,
+                parse_size(&read("size")?)?,
+            ))
+        })
+        .collect()
 }
 
 /// A sysfs cache size: "2048K", "1M", or bytes.
@@ -102,5 +103,20 @@ pub fn require(isa: Isa) -> Result<Target, Error> {
             isas.iter().map(|i| i.name()).collect::<Vec<_>>().join(", ")
         };
         Err(Error::IsaNotAvailable { isa, available })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_and_order() {
+        assert_eq!(parse_size("2048K\n"), Some(2 << 20));
+        assert_eq!(parse_size("105M"), Some(105 << 20));
+        assert_eq!(parse_size("65536"), Some(65536));
+        assert_eq!(parse_size("many"), None);
+        // The last-level cache is at least as large as L2, whatever sysfs says.
+        assert!(l2_bytes() > 0 && last_level_cache_bytes() >= l2_bytes());
     }
 }

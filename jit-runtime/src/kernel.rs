@@ -124,14 +124,19 @@ fn map_named(code: &MachineCode, name: impl FnOnce() -> String) -> Result<Execut
     Ok(exec)
 }
 
+/// Bytes a strided batch of `spec` spans per matrix: its A, B and C strides.
+fn batch_bytes_per_matrix(spec: &GemmSpec) -> usize {
+    [Operand::A, Operand::B, Operand::C]
+        .map(|o| spec.stride(o).saturating_mul(spec.dtype().size()))
+        .iter()
+        .fold(0usize, |sum, &x| sum.saturating_add(x))
+}
+
 /// The fewest matrices for which a strided batch of `spec` is larger than this core's L2
 /// cache, where a variant of `schedule` for batches that stream from memory pays
 /// ([`smallgemm_ir::streams_differently`]); usize::MAX where no such variant is wanted.
 fn streaming_batch(spec: &GemmSpec, target: Target, schedule: &Schedule, reblock: bool) -> usize {
-    let per_matrix = [Operand::A, Operand::B, Operand::C]
-        .map(|o| spec.stride(o).saturating_mul(spec.dtype().size()))
-        .iter()
-        .fold(0usize, |sum, &x| sum.saturating_add(x));
+    let per_matrix = batch_bytes_per_matrix(spec);
     if spec.batch_form() != BatchForm::Strided
         || schedule.prefetch
         || per_matrix == 0
@@ -147,10 +152,7 @@ fn streaming_batch(spec: &GemmSpec, target: Target, schedule: &Schedule, reblock
 /// the last-level cache, where non-temporal stores of C pay: below it the caller's next read
 /// of C would come from memory instead of the cache. usize::MAX where they do not apply.
 fn streaming_stores_batch(spec: &GemmSpec, target: Target) -> usize {
-    let per_matrix = [Operand::A, Operand::B, Operand::C]
-        .map(|o| spec.stride(o).saturating_mul(spec.dtype().size()))
-        .iter()
-        .fold(0usize, |sum, &x| sum.saturating_add(x));
+    let per_matrix = batch_bytes_per_matrix(spec);
     if spec.batch_form() != BatchForm::Strided
         || spec.beta() != Scalar::Zero
         || target.isa == Isa::Neon
