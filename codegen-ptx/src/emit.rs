@@ -650,6 +650,7 @@ fn load_realigned(
     lead: usize,
     others: usize,
     so: usize,
+    multiply_high: bool,
 ) {
     debug_assert!(so % 8 == 0);
     let per_col = lead.div_ceil(8);
@@ -661,7 +662,7 @@ fn load_realigned(
     // One vector at a time: emitting the loads of two vectors before their stores gave the
     // same registers under `ptxas -v` (81..90 at 8 and 16 warps).
     for i in 0..total.div_ceil(tpp) {
-        let (pred, col, r) = vector_slot(asm, lt, tpp, i, per_col, total);
+        let (pred, col, r) = vector_slot(asm, lt, tpp, i, per_col, total, multiply_high);
         // Byte offset of the vector's first half in the matrix, and its misalignment.
         let off = asm.reg(Kind::B32);
         asm.op(format!("mul.lo.u32 {off}, {r}, 16"));
@@ -1004,8 +1005,9 @@ pub(crate) fn kernel(
             let region = asm.reg(Kind::B32);
             asm.op(format!("add.u32 {region}, {sbase}, {}", op.region));
             if i == 2 {
-                // C: read only when beta needs it; its shift is the span's either way.
-                let shift = if p.beta != Scalar::Zero {
+                // C: read only when beta needs it (over A: later, in `mma_body`); its
+                // shift is the span's either way.
+                let shift = if p.beta != Scalar::Zero && !flat.c_over_a {
                     flat_copy(
                         &mut asm, dtype, &tid, threads, &span, &end, &region, op.vectors, true,
                     )
@@ -1142,7 +1144,17 @@ pub(crate) fn kernel(
         );
     } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
         if dtype == Dtype::F16 && sl == 1 && so % 8 == 0 {
-            load_realigned(&mut asm, &lt, tpp, &problem.a, &sa, lead.max, other.max, so);
+            load_realigned(
+                &mut asm,
+                &lt,
+                tpp,
+                &problem.a,
+                &sa,
+                lead.max,
+                other.max,
+                so,
+                s.stage == Staging::FlatC,
+            );
         } else {
             load_flat(
                 &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
@@ -1206,7 +1218,17 @@ pub(crate) fn kernel(
         );
     } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
         if dtype == Dtype::F16 && sl == 1 && so % 8 == 0 {
-            load_realigned(&mut asm, &lt, tpp, &problem.b, &sb, lead.max, other.max, so);
+            load_realigned(
+                &mut asm,
+                &lt,
+                tpp,
+                &problem.b,
+                &sb,
+                lead.max,
+                other.max,
+                so,
+                s.stage == Staging::FlatC,
+            );
         } else {
             load_flat(
                 &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
@@ -1232,7 +1254,7 @@ pub(crate) fn kernel(
             (layout.b_perm > 0).then_some((layout.b_perm, s.rn as usize)),
         );
     }
-    if let (Some(c), Some(sc), true) = (flat.c_pad, &sc, p.beta != Scalar::Zero) {
+    if let (Some(c), Some(sc), true) = (flat.c_pad, &sc, p.beta != Scalar::Zero && !flat.c_over_a) {
         copy_c_columns(
             &mut asm,
             &lt,
@@ -1274,7 +1296,45 @@ pub(crate) fn kernel(
                     mma_warp(&mut asm, p, s, &lt, &problem, &epi, false, sc)
                 }
             };
-            mma_body(&mut asm, p, s, &layout, &sa, &sb, &epi, &mw);
+            // C over A: once every warp holds its A fragments, C's copy takes A's place
+            // (read from global memory now where beta needs it).
+            let mut c_in = |asm: &mut Asm| {
+                asm.op("bar.sync 0");
+                if p.beta == Scalar::Zero {
+                    return;
+                }
+                asm.comment("C into A's place in shared memory");
+                if let (Some(c), Some(sc)) = (flat.c_pad, &sc) {
+                    copy_c_columns(
+                        asm,
+                        &lt,
+                        tpp,
+                        &problem.c,
+                        sc,
+                        p,
+                        problem.ldc.max,
+                        c.c_ld,
+                        c.cv,
+                        true,
+                    );
+                } else if let Some((span, end, region, vectors)) = &cflat_region {
+                    flat_copy(
+                        asm,
+                        dtype,
+                        &tid,
+                        tpp * tba,
+                        span,
+                        end,
+                        region,
+                        *vectors,
+                        true,
+                    );
+                }
+                asm.op("bar.sync 0");
+            };
+            let hook: Option<&mut dyn FnMut(&mut Asm)> =
+                if flat.c_over_a { Some(&mut c_in) } else { None };
+            mma_body(&mut asm, p, s, &layout, &sa, &sb, &epi, &mw, hook);
         }
     }
     if let (Some(c), Some(sc)) = (flat.c_pad, &sc) {
@@ -2125,6 +2185,7 @@ fn mma_body(
     sb: &str,
     epi: &Epilogue,
     mw: &MmaWarp,
+    after_a: Option<&mut dyn FnMut(&mut Asm)>,
 ) {
     let shape = s.mma.unwrap_or(smallgemm_ir::MmaShape::M16N8K16);
     let w = s.warps as usize;
@@ -2231,6 +2292,11 @@ fn mma_body(
         let abase = tile_base(asm, sa, tmr, 16 * a_row * 2, &a_lane);
         fixed_a = Some((0..ks).map(|k| load_a(asm, &abase, k)).collect());
     }
+    // (`c_over_a`: only with every warp's A fragments in registers.)
+    assert!(after_a.is_none() || reuse);
+    if let Some(f) = after_a {
+        f(asm);
+    }
     let nt = p.n.div_ceil(shape.n as usize);
     for (q, tiles) in mw.tiles.chunks(mw.group).enumerate() {
         asm.comment(&format!("tile {q} of this warp"));
@@ -2324,6 +2390,9 @@ pub(crate) struct FlatPlan {
     /// Tensor-core kernels with C through shared memory where C's columns are whole
     /// 16-byte vectors: C's copy is in the slot, at `c_in_slot`, columns `c_ld` apart.
     c_pad: Option<CPad>,
+    /// C's copy (flat or padded) lies in A's place: it is read from global memory in
+    /// `mma_body`, after every warp has loaded its A fragments (`GpuSchedule::c_over_a`).
+    c_over_a: bool,
     pub(crate) shared_bytes: usize,
 }
 
@@ -2417,13 +2486,26 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
     let cv = [8, 4, 2]
         .into_iter()
         .find(|&v| p.m % v == 0 && p.ldc % v == 0 && p.stride_c % v == 0);
+    // `c_over_a`: C's copy in A's place (one problem per block whose warps keep their A
+    // fragments in registers; `mma_body` copies C in after they are loaded).
+    let over_a = mma
+        && s.c_over_a
+        && kind == BatchKind::Strided
+        && s.stage == Staging::FlatC
+        && tba == 1
+        && (s.warps as usize) % p.m.div_ceil(16) == 0;
     let c_pad = cv
         .filter(|_| mma && kind == BatchKind::Strided && s.stage == Staging::FlatC)
         .map(|cv| {
             let mm = p.m.next_multiple_of(8);
+            let c_ld = if (mm / 8) % 2 == 0 { mm + 8 } else { mm + 16 };
             CPad {
-                c_in_slot: layout.a_len + layout.b_len,
-                c_ld: if (mm / 8) % 2 == 0 { mm + 8 } else { mm + 16 },
+                c_in_slot: if over_a && c_ld * p.n <= layout.a_len {
+                    0
+                } else {
+                    layout.a_len + layout.b_len
+                },
+                c_ld,
                 cv,
             }
         });
@@ -2434,7 +2516,7 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         && p.stride_c == c_len;
     let slot = if a_ok { 0 } else { layout.a_len }
         + if b_ok { 0 } else { layout.b_len }
-        + c_pad.map_or(0, |c| c.c_ld * p.n);
+        + c_pad.map_or(0, |c| if c.c_in_slot == 0 { 0 } else { c.c_ld * p.n });
     let b_in_slot = if a_ok { 0 } else { layout.a_len };
     let mut at = (slot * tba * elt).next_multiple_of(16);
     // `over`: elements past the last problem that threads whose tile hangs over the edge
@@ -2468,7 +2550,20 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         b_col,
         (p.n.next_multiple_of(rn) - p.n) * b_col,
     );
-    let c = region(c_ok, c_len, 1, p.m, 0);
+    // Flat C over A: the block's span (with its shift) inside A's padded copy.
+    let c_vectors = (tba * c_len + v - 1).div_ceil(v);
+    let c_flat_over_a = over_a && !a_ok && c_ok && c_vectors * 16 <= layout.a_len * elt;
+    let c = if c_flat_over_a {
+        Some(FlatOperand {
+            len: c_len,
+            row: 1,
+            col: p.m,
+            region: 0,
+            vectors: c_vectors,
+        })
+    } else {
+        region(c_ok, c_len, 1, p.m, 0)
+    };
     FlatPlan {
         a,
         b,
@@ -2476,6 +2571,7 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         slot,
         b_in_slot,
         c_pad,
+        c_over_a: c_flat_over_a || c_pad.is_some_and(|c| c.c_in_slot == 0),
         shared_bytes: at,
     }
 }
@@ -2500,7 +2596,7 @@ fn copy_c_columns(
     let per_col = p.m / cv;
     let total = per_col * p.n;
     for i in 0..total.div_ceil(tpp) {
-        let (pred, col, r) = vector_slot(asm, lt, tpp, i, per_col, total);
+        let (pred, col, r) = vector_slot(asm, lt, tpp, i, per_col, total, true);
         let goff = asm.reg(Kind::B32);
         asm.op(format!("mul.lo.u32 {goff}, {r}, {cv}"));
         asm.op(format!("mad.lo.u32 {goff}, {col}, {ldc}, {goff}"));
@@ -2539,14 +2635,45 @@ fn vector_slot(
     round: usize,
     per_col: usize,
     total: usize,
+    multiply_high: bool,
 ) -> (Option<String>, String, String) {
     let q = asm.reg(Kind::B32);
     asm.op(format!("add.u32 {q}, {lt}, {}", round * tpp));
     let pred = ((round + 1) * tpp > total).then(|| asm.lt(&q, &total.to_string()));
     let (col, r) = (asm.reg(Kind::B32), asm.reg(Kind::B32));
-    asm.op(format!("div.u32 {col}, {q}, {per_col}"));
-    asm.op(format!("rem.u32 {r}, {q}, {per_col}"));
+    // With `multiply_high` (kernels with C through shared memory), q / per_col and
+    // q % per_col by a multiply-high and a multiply-subtract, not `div.u32` and `rem.u32`:
+    // ptxas 13.0 (the driver's JIT, 580.159.04) and 13.5 miscompiled those there, where A's
+    // and B's loaders divide the same slots, under register pressure (the remainder's
+    // fix-up, recomputed for B's stores, compared a register that by then held staged data:
+    // B's vectors went to other slots), and the H100 measured the multiply-high at least as
+    // fast. The kernels with flat A and B and the C prefetch keep the division: with the
+    // multiply-high, 57..61 lost 5-6 points of the bound and 95 17 (70 registers against 64,
+    // one block per SM); docs/gpu-notes.md, version 12.
+    if !multiply_high {
+        asm.op(format!("div.u32 {col}, {q}, {per_col}"));
+        asm.op(format!("rem.u32 {r}, {q}, {per_col}"));
+        return (pred, col, r);
+    }
+    match slot_magic(per_col) {
+        None => {
+            asm.op(format!("mov.u32 {col}, {q}"));
+            asm.op(format!("mov.u32 {r}, 0"));
+        }
+        Some(m) => {
+            asm.op(format!("mul.hi.u32 {col}, {q}, {m}"));
+            asm.op(format!("mul.lo.u32 {r}, {col}, {per_col}"));
+            asm.op(format!("sub.u32 {r}, {q}, {r}"));
+        }
+    }
     (pred, col, r)
+}
+
+/// The multiplier of `vector_slot`'s division by `d`: ceil(2^32 / d), for which the high
+/// word of q * m is q / d whenever q * d < 2^32 (slots are far fewer); `None` for d = 1.
+fn slot_magic(d: usize) -> Option<u32> {
+    assert!(d >= 1);
+    (d > 1).then(|| (1u64 << 32).div_ceil(d as u64) as u32)
 }
 
 /// The 32-bit words of one 16-byte vector, as a PTX vector operand.
@@ -2712,4 +2839,26 @@ fn flat_copy(
         }
     }
     shift
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot_magic;
+
+    /// `vector_slot`'s multiply-high division is exact for every slot a loader can have.
+    #[test]
+    fn slot_division_is_exact() {
+        for d in 1..=64usize {
+            for q in 0..(1usize << 16) {
+                let (col, r) = match slot_magic(d) {
+                    None => (q, 0),
+                    Some(m) => {
+                        let col = ((q as u64 * m as u64) >> 32) as usize;
+                        (col, q - col * d)
+                    }
+                };
+                assert_eq!((col, r), (q / d, q % d), "q = {q}, d = {d}");
+            }
+        }
+    }
 }

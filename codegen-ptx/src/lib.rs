@@ -147,8 +147,13 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
         (Some(_), g) if g > 1 => format!("_g{g}"),
         _ => String::new(),
     };
+    let ca = if s.mma.is_some() && s.c_over_a {
+        "_ca"
+    } else {
+        ""
+    };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}",
         spec.name(),
         kind.suffix(),
         s.tba

@@ -137,7 +137,76 @@ fn kernels(target: &GpuTarget) -> Vec<PtxKernel> {
             }
         }
     }
+    // C's copy in A's place (`c_over_a`): squares whose warps keep one row of tiles each,
+    // flat C (odd) and C's padded copy (even), beta 0 and not, 8 and 16 warps, the code
+    // generator's blocks per SM and 2 and 3.
+    for (n, ta, beta) in [
+        (113, Trans::N, 0.5),
+        (120, Trans::N, 0.0),
+        (127, Trans::T, 0.5),
+        (128, Trans::N, 0.5),
+        (57, Trans::N, 0.0),
+        (64, Trans::T, 0.5),
+    ] {
+        let spec = GemmSpec::builder(Dtype::F16, n, n, n)
+            .trans_a(ta)
+            .beta(if beta == 0.0 {
+                Scalar::Zero
+            } else {
+                Scalar::fixed(beta).unwrap()
+            })
+            .build()
+            .unwrap();
+        for warps in [8, 16] {
+            for min_blocks in [0, 2, 3] {
+                let s = GpuSchedule {
+                    stage: Staging::FlatC,
+                    c_over_a: true,
+                    min_blocks,
+                    ..GpuSchedule::mma(warps, 1, true)
+                };
+                let k = generate(&spec, target, Some(&s), BatchKind::Strided).unwrap();
+                if out.iter().all(|o| o.entry != k.entry) {
+                    out.push(k);
+                }
+            }
+        }
+    }
     out
+}
+
+/// C's copy in A's place: the block needs the bytes of A and B alone (at 113 and 128 at
+/// most 75 KiB: three blocks per SM on an H100), C read after the A fragments.
+#[test]
+fn c_over_a_needs_only_a_and_b() {
+    let target = GpuTarget::new(Sm::Sm90);
+    for n in [113, 120, 127, 128] {
+        let spec = GemmSpec::builder(Dtype::F16, n, n, n)
+            .beta(Scalar::fixed(0.5).unwrap())
+            .build()
+            .unwrap();
+        let plain = GpuSchedule {
+            stage: Staging::FlatC,
+            ..GpuSchedule::mma(16, 1, true)
+        };
+        let over = GpuSchedule {
+            c_over_a: true,
+            ..plain
+        };
+        let k0 = generate(&spec, &target, Some(&plain), BatchKind::Strided).unwrap();
+        let k1 = generate(&spec, &target, Some(&over), BatchKind::Strided).unwrap();
+        let layout = plain.shared_layout(&spec.col_major());
+        assert_eq!(
+            k1.shared_bytes,
+            (layout.a_len + layout.b_len) * 2,
+            "n = {n}"
+        );
+        assert!(k0.shared_bytes > k1.shared_bytes, "n = {n}");
+        assert!(k1.shared_bytes + 1024 <= 228 * 1024 / 3, "n = {n}");
+        assert!(k1.entry.ends_with("_ca"), "n = {n}");
+        // Three barriers before the copy back (A and B staged, A fragments loaded, C in).
+        assert_eq!(k1.ptx.matches("bar.sync").count(), 4, "n = {n}");
+    }
 }
 
 #[test]

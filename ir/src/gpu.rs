@@ -197,6 +197,15 @@ pub struct GpuSchedule {
     /// for all of them; 0 or 1: one tile at a time. Ignored elsewhere.
     #[serde(default)]
     pub mma_group: u32,
+    /// Tensor-core kernels with C through shared memory (`Staging::FlatC`), one problem per
+    /// block, whose warps each keep one row of tiles (the warp count a multiple of the row
+    /// tiles: every warp holds its A fragments in registers for all k steps): C's copy
+    /// takes A's place in shared memory once every warp has loaded its A fragments (read
+    /// from global memory only then, between two barriers), so that the block needs the
+    /// bytes of A and B alone and more blocks fit on an SM. Ignored elsewhere, and where
+    /// C's copy is larger than A's.
+    #[serde(default)]
+    pub c_over_a: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -268,6 +277,7 @@ impl GpuSchedule {
             min_blocks: 0,
             vector_reads: false,
             mma_group: 0,
+            c_over_a: false,
         }
     }
 
@@ -287,6 +297,7 @@ impl GpuSchedule {
             min_blocks: 0,
             vector_reads: false,
             mma_group: 0,
+            c_over_a: false,
         }
     }
 
@@ -299,7 +310,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -311,7 +322,8 @@ impl GpuSchedule {
                 match self.mma_group {
                     0 | 1 => String::new(),
                     g => format!(" g{g}"),
-                }
+                },
+                if self.c_over_a { " ca" } else { "" }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}",
@@ -602,6 +614,25 @@ const H100_F16_GROUP: [u32; 48] = [
     2, 0, 2, 3, 3, 2, 3, 2, 2, 2, 2, 3, // 101..112
 ];
 
+/// Tensor-core defaults of version 12 (docs/gpu-notes.md): `FlatC` with `ldmatrix`, one
+/// problem per block, whose warp count is a multiple of the row tiles (5, 10 or 15 at
+/// 65..80, 12 at 81..96, 7 or 14 at 97..112: every warp keeps one row of tiles and loads
+/// its A fragments once) or C's copy in A's place (`c_over_a`, 8 and 16 warps at 113..128:
+/// A and B alone in shared memory), from `smallgemm tune --gpu --dtype f16 --c-over-a` on
+/// an H100 and the bench against the version 11 defaults: (n, warps, blocks per SM for
+/// ptxas, C over A). They replace the entries above at those sizes.
+#[rustfmt::skip]
+const H100_F16_V12: [(usize, u32, u32, bool); 25] = [
+    (65, 10, 2, false), (67, 10, 2, false), (69, 10, 2, false), (70, 10, 3, false),
+    (82, 12, 0, false), (86, 12, 0, false), (89, 12, 0, false), (90, 12, 0, false),
+    (91, 12, 0, false), (92, 12, 2, false), (93, 12, 0, false), (94, 12, 2, false),
+    (96, 12, 2, false), (98, 14, 2, false), (100, 14, 2, false), (102, 14, 2, false),
+    (104, 14, 2, false), (106, 14, 0, false), (111, 14, 0, false),
+    (112, 14, 2, false),
+    (115, 8, 0, true), (117, 8, 0, true), (119, 8, 3, true), (120, 8, 2, true),
+    (128, 16, 2, true),
+];
+
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
 /// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`); or `ldmatrix` with C
 /// through shared memory and flat A and B (`FlatC`: `Staging::FlatC`, no prefetch).
@@ -637,16 +668,24 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             65..=112 => H100_F16_GROUP[big - 65],
             _ => 0,
         };
-        GpuSchedule {
-            min_blocks,
-            mma_group,
-            stage: match variant {
-                FlatPre => Staging::Flat,
-                FlatC => Staging::FlatC,
-                Ldm | Pre => Staging::Padded,
+        match H100_F16_V12.iter().find(|e| e.0 == big) {
+            Some(&(_, warps, min_blocks, c_over_a)) => GpuSchedule {
+                min_blocks,
+                c_over_a,
+                stage: Staging::FlatC,
+                ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
             },
-            prefetch_c: matches!(variant, Pre | FlatPre),
-            ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
+            None => GpuSchedule {
+                min_blocks,
+                mma_group,
+                stage: match variant {
+                    FlatPre => Staging::Flat,
+                    FlatC => Staging::FlatC,
+                    Ldm | Pre => Staging::Padded,
+                },
+                prefetch_c: matches!(variant, Pre | FlatPre),
+                ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
+            },
         }
     } else {
         // f64/f32 2..32: the winners of a `smallgemm tune --gpu` sweep on an H100 (every

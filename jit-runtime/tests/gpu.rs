@@ -542,6 +542,102 @@ fn f16_mma_loaders_match() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// C's copy in A's place (`GpuSchedule::c_over_a`): 8 and 16 warps and the multiples of the
+/// row tiles from 4 to 16 (also `FlatC` as it is there: warp counts that are no power of
+/// two), one problem per block, with the code generator's blocks per SM and with 2 and 3,
+/// on squares and shapes whose
+/// warps keep one row of tiles each (m in 113..=128 at 8 and 16 warps, 49..=64, 17..=32),
+/// flat C (tight, m odd) and C's padded copy (m even, also with a padded ldc and a gap
+/// between the C matrices), every transpose, beta 0 with NaN in C; and shapes where C's
+/// copy is larger than A's (the flag then changes nothing).
+#[test]
+fn f16_c_over_a_matches() {
+    let Some(gpu) = gpu("f16_c_over_a") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut count = 0;
+    let half = Scalar::fixed(0.5).unwrap();
+    let mut all = Vec::new();
+    for (m, n, k, ta, tb, beta, ldc) in [
+        (113, 113, 113, Trans::N, Trans::N, half, 0),
+        (120, 120, 120, Trans::N, Trans::N, half, 0),
+        (127, 127, 127, Trans::N, Trans::N, Scalar::Zero, 0),
+        (128, 128, 128, Trans::N, Trans::N, half, 0),
+        (121, 121, 121, Trans::T, Trans::T, half, 0),
+        (126, 126, 126, Trans::N, Trans::T, Scalar::Zero, 0),
+        (115, 97, 123, Trans::T, Trans::N, half, 0),
+        (118, 124, 100, Trans::N, Trans::N, half, 0),
+        (124, 99, 128, Trans::N, Trans::N, half, 128),
+        (57, 61, 59, Trans::N, Trans::N, half, 0),
+        (64, 64, 64, Trans::T, Trans::N, Scalar::Zero, 0),
+        (25, 29, 31, Trans::N, Trans::T, half, 0),
+        // C larger than A: the flag takes no effect.
+        (20, 120, 16, Trans::N, Trans::N, half, 0),
+    ] {
+        let mut b = GemmSpec::builder(Dtype::F16, m, n, k)
+            .trans_a(ta)
+            .trans_b(tb)
+            .alpha(Scalar::fixed(1.5).unwrap())
+            .beta(beta);
+        if ldc > 0 {
+            b = b.ldc(ldc);
+            let probe = b.build().unwrap();
+            b = b.stride_c(probe.footprint(Operand::C) + 8);
+        }
+        all.push(b.build().unwrap());
+    }
+    // Warp counts that are no power of two (multiples of the row tiles: 6 at 81..96, 7 and
+    // 14 at 97..112, 5, 10 and 15 at 65..80), with and without C over A.
+    for (m, n, k, ta, beta) in [
+        (97, 97, 97, Trans::N, half),
+        (105, 111, 99, Trans::T, Scalar::Zero),
+        (90, 90, 90, Trans::N, half),
+        (83, 85, 81, Trans::N, half),
+        (71, 71, 71, Trans::T, half),
+        (80, 77, 66, Trans::N, Scalar::Zero),
+    ] {
+        all.push(
+            GemmSpec::builder(Dtype::F16, m, n, k)
+                .trans_a(ta)
+                .alpha(Scalar::fixed(1.5).unwrap())
+                .beta(beta)
+                .build()
+                .unwrap(),
+        );
+    }
+    for (i, spec) in all.iter().enumerate() {
+        let p = spec.col_major();
+        let mt = p.m.div_ceil(16) as u32;
+        let mut warps = vec![8, 16];
+        warps.extend((1..=16).map(|j| j * mt).filter(|w| (4..=16).contains(w)));
+        warps.sort_unstable();
+        warps.dedup();
+        for warps in warps {
+            for (c_over_a, min_blocks) in [(false, 0), (true, 0), (true, 2), (true, 3)] {
+                let s = GpuSchedule {
+                    stage: Staging::FlatC,
+                    c_over_a,
+                    min_blocks,
+                    ..GpuSchedule::mma(warps, 1, true)
+                };
+                if s.validate(&p, gpu.target()).is_err() {
+                    continue;
+                }
+                count += 1;
+                if let Err(e) = run_f16_with(&gpu, spec, 1700 + (i * 5 + count) as u64, Some(&s)) {
+                    failures.push(format!("{s:?}: {e}"));
+                }
+            }
+        }
+    }
+    println!(
+        "{count} f16 c_over_a kernels checked, {} failed",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 type Pointers = (CudaSlice<u64>, CudaSlice<u64>, CudaSlice<u64>);
 
 fn pointer_arrays<T: GpuElement>(
