@@ -1069,6 +1069,21 @@ pub(crate) fn kernel(
     asm.op(format!("@{out} bra {skip_load}"));
     // Problem pointers (and sizes, for variable-size batches).
     let problem = problem_regs(&mut asm, p, kind, &ga, &gb, &gc, gdims.as_deref(), &pi);
+    // C's copy between global memory and its padded slot in shared memory (`to_shared`: in).
+    let copy_c_pad = |asm: &mut Asm, c: CPad, sc: &str, to_shared: bool| {
+        copy_c_columns(
+            asm,
+            &lt,
+            tpp,
+            &problem.c,
+            sc,
+            p,
+            problem.ldc.max,
+            c.c_ld,
+            c.cv,
+            to_shared,
+        )
+    };
     let epi = Epilogue {
         dtype,
         sdt,
@@ -1255,18 +1270,7 @@ pub(crate) fn kernel(
         );
     }
     if let (Some(c), Some(sc), true) = (flat.c_pad, &sc, p.beta != Scalar::Zero && !flat.c_over_a) {
-        copy_c_columns(
-            &mut asm,
-            &lt,
-            tpp,
-            &problem.c,
-            sc,
-            p,
-            problem.ldc.max,
-            c.c_ld,
-            c.cv,
-            true,
-        );
+        copy_c_pad(&mut asm, c, sc, true);
     }
     asm.sink_shared_stores(staging, sink);
     asm.place(&skip_load);
@@ -1305,18 +1309,7 @@ pub(crate) fn kernel(
                 }
                 asm.comment("C into A's place in shared memory");
                 if let (Some(c), Some(sc)) = (flat.c_pad, &sc) {
-                    copy_c_columns(
-                        asm,
-                        &lt,
-                        tpp,
-                        &problem.c,
-                        sc,
-                        p,
-                        problem.ldc.max,
-                        c.c_ld,
-                        c.cv,
-                        true,
-                    );
+                    copy_c_pad(asm, c, sc, true);
                 } else if let Some((span, end, region, vectors)) = &cflat_region {
                     flat_copy(
                         asm,
@@ -1342,18 +1335,7 @@ pub(crate) fn kernel(
         asm.op("bar.sync 0");
         asm.op(format!("@{out} bra {exit}"));
         asm.comment("C back to global memory, column by column");
-        copy_c_columns(
-            &mut asm,
-            &lt,
-            tpp,
-            &problem.c,
-            sc,
-            p,
-            problem.ldc.max,
-            c.c_ld,
-            c.cv,
-            false,
-        );
+        copy_c_pad(&mut asm, c, sc, false);
     }
     if let Some((span, end, region, vectors)) = &cflat_region {
         asm.place(&cdone);

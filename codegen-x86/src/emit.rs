@@ -233,7 +233,7 @@ impl<'a> Emitter<'a> {
             isa,
             conv,
             entry_offset: 0,
-            forms: forms(isa, program.dtype, program.lanes * program.dtype.size())?,
+            forms: forms(isa, program.dtype, program.vector_bytes())?,
             narrow_forms: [None; 2],
             mask_constants: Vec::new(),
             index_constants: Vec::new(),
@@ -502,7 +502,7 @@ impl<'a> Emitter<'a> {
                 self.vec(broadcast, r, 0, m);
             }
             Op::BroadcastGroup { dst, addr } => {
-                let bytes = self.program.lanes * dtype.size();
+                let bytes = self.program.vector_bytes();
                 let form = lane_forms(self.isa, dtype, bytes)
                     .1
                     .ok_or(EmitError::Unsupported(
@@ -513,7 +513,7 @@ impl<'a> Emitter<'a> {
                 self.vec(form, r, 0, m);
             }
             Op::Permute { dst, src, select } => {
-                let bytes = self.program.lanes * dtype.size();
+                let bytes = self.program.vector_bytes();
                 let form = lane_forms(self.isa, dtype, bytes)
                     .0
                     .ok_or(EmitError::Unsupported("this width of permute", self.isa))?;
@@ -544,7 +544,7 @@ impl<'a> Emitter<'a> {
                 self.vec(form, dst, index, Rm::Reg(src));
             }
             Op::InsertGroup { dst, addr, group } => {
-                let bytes = self.program.lanes * dtype.size();
+                let bytes = self.program.vector_bytes();
                 let form = insert_form(self.isa, dtype, bytes).ok_or(EmitError::Unsupported(
                     "this width of group insert",
                     self.isa,
@@ -630,7 +630,7 @@ impl<'a> Emitter<'a> {
                     // The constant goes after the code; `finish` binds its label.
                     let label = self.asm.new_label();
                     self.mask_constants.push((label, lanes));
-                    let form = if self.program.lanes * dtype.size() == 16 {
+                    let form = if self.program.vector_bytes() == 16 {
                         enc::VEX_VMOVDQU_XMM_M128
                     } else {
                         enc::VEX_VMOVDQU_YMM_M256
@@ -751,7 +751,7 @@ impl<'a> Emitter<'a> {
 pub(crate) fn exact_tail(program: &Program, lanes: u32) -> bool {
     let elt = program.dtype.size();
     let bytes = lanes as usize * elt;
-    bytes < program.lanes * elt && matches!(bytes, 4 | 8 | 16 | 32)
+    bytes < program.vector_bytes() && matches!(bytes, 4 | 8 | 16 | 32)
 }
 
 /// Operations in `ops`, loop bodies included once.

@@ -226,8 +226,8 @@ impl<'a> Emitter<'a> {
             isa,
             conv,
             entry_offset: 0,
-            forms: forms(isa, program.dtype, program.lanes * program.dtype.size())?,
-            width: program.lanes * program.dtype.size(),
+            forms: forms(isa, program.dtype, program.vector_bytes())?,
+            width: program.vector_bytes(),
             mask_constants: Vec::new(),
             index_constants: Vec::new(),
         })
@@ -414,7 +414,7 @@ impl<'a> Emitter<'a> {
             .map_or(0, |d| d.lanes as usize);
         let elt = self.program.dtype.size();
         let bytes = lanes * elt;
-        if bytes < self.program.lanes * elt {
+        if bytes < self.width {
             let evex = self.isa == Isa::Avx512;
             let n = vector_number(reg);
             let small = n < 16;
@@ -528,7 +528,7 @@ impl<'a> Emitter<'a> {
             }
             Op::StoreStream { addr, src } => {
                 use Code::*;
-                let code = match (self.isa, dtype, self.program.vector_bytes()) {
+                let code = match (self.isa, dtype, self.width) {
                     (Isa::Avx2, Dtype::F64, 16) => VEX_Vmovntpd_m128_xmm,
                     (Isa::Avx2, Dtype::F64, _) => VEX_Vmovntpd_m256_ymm,
                     (Isa::Avx2, _, 16) => VEX_Vmovntps_m128_xmm,
@@ -548,7 +548,7 @@ impl<'a> Emitter<'a> {
                 self.add(i)?;
             }
             Op::BroadcastGroup { dst, addr } => {
-                let bytes = self.program.lanes * dtype.size();
+                let bytes = self.width;
                 let code = lane_codes(self.isa, dtype, bytes)
                     .1
                     .ok_or(EmitError::Unsupported(
@@ -559,7 +559,7 @@ impl<'a> Emitter<'a> {
                 self.add(i)?;
             }
             Op::Permute { dst, src, select } => {
-                let bytes = self.program.lanes * dtype.size();
+                let bytes = self.width;
                 let code = lane_codes(self.isa, dtype, bytes)
                     .0
                     .ok_or(EmitError::Unsupported("this width of permute", self.isa))?;
@@ -593,7 +593,7 @@ impl<'a> Emitter<'a> {
                 self.add(Instruction::with3(code, dst, index, src)?)?;
             }
             Op::InsertGroup { dst, addr, group } => {
-                let bytes = self.program.lanes * dtype.size();
+                let bytes = self.width;
                 let code = insert_code(self.isa, dtype, bytes).ok_or(EmitError::Unsupported(
                     "this width of group insert",
                     self.isa,

@@ -186,15 +186,19 @@ fn streaming_block(problem: &ColMajorProblem, target: Target) -> Option<Schedule
         return None;
     }
     let (_, s) = plan_blocks(problem, target);
-    // Counted at the block's width even where the planner splits the tail into narrower
-    // pieces: only blocks whose columns are whole moves at that width were measured to win
-    // (f32 3x3x3 with a split tail was not measured).
-    let tail_bytes = problem.m * problem.dtype.size() % s.vector_width(target);
-    (!target.masked_tail(tail_bytes)).then_some(Schedule {
+    let plain = Schedule {
         batch_unroll: 0,
         interleave: false,
         ..s
-    })
+    };
+    // Judged unsplit even where the planner splits the tail into narrower pieces: only
+    // blocks whose columns are whole moves at the block's width were measured to win (f32
+    // 3x3x3 with a split tail was not measured).
+    let unsplit = Schedule {
+        split_tail: false,
+        ..plain
+    };
+    (!unsplit.masked_tail(problem, target)).then_some(plain)
 }
 
 /// Columns of the streaming variant's tall blocks on targets with 32 vector registers, among

@@ -4,16 +4,17 @@
 //! writes into the cache (a read for ownership), so C crosses the memory bus twice: the
 //! batch moves four arrays' worth of bytes where A, B and C written once are three. A
 //! non-temporal store writes whole lines to memory without reading them. Measured on this
-//! project's AVX-512 machine, one core, 1 GiB: x + y → z with `vmovupd` stores ran at 10.7-11.0
-//! GB/s counting three arrays, with `vmovntpd` at 13.9-14.8, the GEMM pattern (z += x·y, four
-//! arrays) at 16.0-16.1.
+//! project's AVX-512 machine, one core, three arrays of ⅓ GiB: x + y → z with `vmovupd`
+//! stores ran at 10.7-11.0 GB/s counting three arrays, with `vmovntpd` at 13.9-14.8, the
+//! GEMM pattern (z += x·y, four arrays) at 16.0-16.1.
 //!
 //! This pass turns the program's stores to C into [`Op::StoreStream`] when all of them are
 //! whole vectors at addresses aligned to the vector width, given C itself is (no masked or
-//! narrowed row tails, columns a multiple of the width apart). Alignment is followed from the C argument register through
-//! copies and constant additions, loops included: a register a loop moves by other than a
-//! multiple of the width is unknown inside it, so a batch stride or a column stride that is
-//! not a multiple of the width leaves those stores alone.
+//! narrowed row tails, columns a multiple of the width apart). Alignment is followed from
+//! the C argument register through copies and constant additions, loops included: a
+//! register a loop moves by other than a multiple of the width is unknown inside it, so a
+//! batch stride or a column stride that is not a multiple of the width leaves the program
+//! as it is.
 
 use std::collections::{HashMap, HashSet};
 

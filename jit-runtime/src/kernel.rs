@@ -229,20 +229,33 @@ impl Kernel {
                 } else {
                     self.streaming_schedule()
                 };
-                let (_, mut program) =
-                    compile_program(&self.spec, self.target, Some(&schedule)).ok()?;
-                if !smallgemm_ir::stream_store::apply(&mut program) {
-                    return None;
-                }
-                let code = emit(&program, self.target, Abi::Native).ok()?;
-                let exec = map_named(&code, || {
-                    format!("{}_{}_stream_nt", self.target.isa, self.spec.name())
-                })
-                .ok()?;
-                Some((exec, program.vector_bytes()))
+                self.variant(&schedule, "stream_nt", true)
             })
             .as_ref()?;
         (c as usize % align == 0).then(|| code.entry())
+    }
+
+    /// A variant of the kernel compiled from `schedule`, named in the perf map with `suffix`;
+    /// with `stream_stores`, only where every store of C can stream
+    /// ([`smallgemm_ir::stream_store`]). Also the alignment of C the code needs for its
+    /// streaming stores (the vector width). None where it cannot be made: the caller then
+    /// runs other code, correct and a little slower.
+    fn variant(
+        &self,
+        schedule: &Schedule,
+        suffix: &str,
+        stream_stores: bool,
+    ) -> Option<(ExecutableCode, usize)> {
+        let (_, mut program) = compile_program(&self.spec, self.target, Some(schedule)).ok()?;
+        if stream_stores && !smallgemm_ir::stream_store::apply(&mut program) {
+            return None;
+        }
+        let code = emit(&program, self.target, Abi::Native).ok()?;
+        let exec = map_named(&code, || {
+            format!("{}_{}_{suffix}", self.target.isa, self.spec.name())
+        })
+        .ok()?;
+        Some((exec, program.vector_bytes()))
     }
 
     /// The schedule of the variant for batches that stream from memory.
@@ -271,12 +284,8 @@ impl Kernel {
         }
         let variant = self.streaming.get_or_init(|| {
             // Planned here, on the first streaming call: most kernels never stream.
-            let generated =
-                generate(&self.spec, self.target, Some(&self.streaming_schedule())).ok()?;
-            map_named(&generated.code, || {
-                format!("{}_{}_stream", self.target.isa, self.spec.name())
-            })
-            .ok()
+            let (code, _) = self.variant(&self.streaming_schedule(), "stream", false)?;
+            Some(code)
         });
         match variant {
             Some(code) => code.entry(),
