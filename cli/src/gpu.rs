@@ -585,8 +585,9 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
 /// Tensor-core candidates: 1, 2, 4, 8 or 16 warps, 1, 2 or 4 problems per block (at most
 /// 16 warps a block), the fragment loaders in `loaders` (`ldmatrix` or not), with and without
 /// the C prefetch, flat staging of A and B where a side is not a multiple of 8 (the only
-/// sizes where it differs from the padded loader), and C through shared memory (`FlatC`,
-/// where the prefetch is moot: tried without).
+/// sizes where it differs from the padded loader; each with the slot division by a
+/// multiply-high and without), and C through shared memory (`FlatC`, where the prefetch is
+/// moot: tried without).
 pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> Vec<GpuSchedule> {
     let p = spec.col_major();
     let odd = [spec.m(), spec.n(), spec.k()].iter().any(|x| x % 8 != 0);
@@ -611,6 +612,13 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
                         };
                         if s.validate(&p, target).is_ok() && warps * tba <= 16 {
                             out.push(s);
+                            if stage == Staging::Flat {
+                                // The realigning loaders' two forms of the slot division.
+                                out.push(GpuSchedule {
+                                    mul_hi_slots: true,
+                                    ..s
+                                });
+                            }
                             if stage == Staging::FlatC {
                                 out.extend(grouped(&p, &s));
                             }

@@ -1168,7 +1168,7 @@ pub(crate) fn kernel(
                 lead.max,
                 other.max,
                 so,
-                s.stage == Staging::FlatC,
+                s.stage == Staging::FlatC || s.mul_hi_applies(),
             );
         } else {
             load_flat(
@@ -1242,7 +1242,7 @@ pub(crate) fn kernel(
                 lead.max,
                 other.max,
                 so,
-                s.stage == Staging::FlatC,
+                s.stage == Staging::FlatC || s.mul_hi_applies(),
             );
         } else {
             load_flat(
@@ -2629,9 +2629,10 @@ fn vector_slot(
     // and B's loaders divide the same slots, under register pressure (the remainder's
     // fix-up, recomputed for B's stores, compared a register that by then held staged data:
     // B's vectors went to other slots), and the H100 measured the multiply-high at least as
-    // fast. The kernels with flat A and B and the C prefetch keep the division: with the
-    // multiply-high, 57..61 lost 5-6 points of the bound and 95 17 (70 registers against 64,
-    // one block per SM); docs/gpu-notes.md, version 12.
+    // fast. The kernels with flat A and B and the C prefetch take it per size
+    // (`GpuSchedule::mul_hi_slots`): with the multiply-high, 57..61 lost 5-6 points of the
+    // bound and 95 17 (70 registers against 64, one block per SM), 17..55 gained up to 6;
+    // docs/gpu-notes.md, versions 12 and 13.
     if !multiply_high {
         asm.op(format!("div.u32 {col}, {q}, {per_col}"));
         asm.op(format!("rem.u32 {r}, {q}, {per_col}"));

@@ -152,8 +152,9 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     } else {
         ""
     };
+    let mh = if s.mul_hi_applies() { "_mh" } else { "" };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}",
         spec.name(),
         kind.suffix(),
         s.tba

@@ -206,6 +206,13 @@ pub struct GpuSchedule {
     /// C's copy is larger than A's.
     #[serde(default)]
     pub c_over_a: bool,
+    /// Tensor-core kernels with flat A and B (`Staging::Flat`, f16 sizes no multiple of 8):
+    /// the realigning loaders find each vector's column and place in it by a multiply-high
+    /// instead of `div.u32` / `rem.u32` (`Staging::FlatC` always does). Both are exact; which
+    /// one ptxas schedules better depends on the size (docs/gpu-notes.md, version 13).
+    /// Ignored elsewhere.
+    #[serde(default)]
+    pub mul_hi_slots: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -278,6 +285,7 @@ impl GpuSchedule {
             vector_reads: false,
             mma_group: 0,
             c_over_a: false,
+            mul_hi_slots: false,
         }
     }
 
@@ -298,6 +306,7 @@ impl GpuSchedule {
             vector_reads: false,
             mma_group: 0,
             c_over_a: false,
+            mul_hi_slots: false,
         }
     }
 
@@ -310,7 +319,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -323,7 +332,8 @@ impl GpuSchedule {
                     0 | 1 => String::new(),
                     g => format!(" g{g}"),
                 },
-                if self.c_over_a { " ca" } else { "" }
+                if self.c_over_a { " ca" } else { "" },
+                if self.mul_hi_applies() { " mh" } else { "" }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}",
@@ -333,6 +343,11 @@ impl GpuSchedule {
                 if self.vector_reads { " vr" } else { "" }
             ),
         }
+    }
+
+    /// Whether `mul_hi_slots` takes effect: tensor-core kernels with flat A and B.
+    pub fn mul_hi_applies(&self) -> bool {
+        self.mul_hi_slots && self.mma.is_some() && self.stage == Staging::Flat
     }
 
     /// Threads per problem of an FMA schedule: one per `rm x rn` tile of C.
@@ -633,6 +648,14 @@ const H100_F16_V12: [(usize, u32, u32, bool); 25] = [
     (128, 16, 2, true),
 ];
 
+/// Sizes whose flat tensor-core defaults find their realigned vectors' places by a
+/// multiply-high (`GpuSchedule::mul_hi_slots`): measured on an H100 against the division,
+/// alternated, twice (docs/gpu-notes.md, version 13), ahead in both runs by 1-6 points of
+/// the bound; 41 and 43 were mixed, 31 and 57..61 lost 1-7 points, 95 19: they divide.
+const H100_F16_MUL_HI: [usize; 16] = [
+    17, 19, 21, 23, 25, 27, 29, 33, 35, 37, 39, 45, 47, 51, 53, 55,
+];
+
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
 /// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`); or `ldmatrix` with C
 /// through shared memory and flat A and B (`FlatC`: `Staging::FlatC`, no prefetch).
@@ -678,6 +701,7 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             None => GpuSchedule {
                 min_blocks,
                 mma_group,
+                mul_hi_slots: H100_F16_MUL_HI.contains(&big),
                 stage: match variant {
                     FlatPre => Staging::Flat,
                     FlatC => Staging::FlatC,
