@@ -50,7 +50,9 @@ pub fn default_path() -> Option<PathBuf> {
 
 /// The tuning database built into the library: `smallgemm tune --dtype both --sizes 2..32
 /// --candidates 32 --reps 31`, and the same with `--sizes none --small-k`, on the
-/// development machine (see `jit-runtime/tuning/`).
+/// development machines (see `jit-runtime/tuning/`): an Intel Xeon (every shape), and an AMD
+/// EPYC (Zen 4) where only the winners that `smallgemm bench` confirmed against the
+/// planner in two alternated runs were kept (docs/perf-notes.md, eighth session).
 pub fn shipped() -> &'static TuningDb {
     shipped_shared()
 }
