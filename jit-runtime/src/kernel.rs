@@ -100,8 +100,9 @@ pub struct Kernel {
     params: Vec<Param>,
     exec: ExecutableCode,
     /// The variant that prefetches the next matrices, for batches that stream from memory:
-    /// compiled on the first such call; None where it does not pay (or failed to compile:
-    /// the kernel's own code then runs, correct and a little slower).
+    /// compiled on the first such call; None where it does not pay, where it would be the
+    /// kernel's own code (no prefetching on this CPU, no re-blocking), or where it failed to
+    /// compile (the kernel's own code then runs, correct and a little slower).
     streaming: OnceLock<Option<ExecutableCode>>,
     /// `streaming` with C written by non-temporal stores, for beta = 0 (see
     /// [`smallgemm_ir::stream_store`]), and the alignment of C it needs: run only on calls
@@ -302,15 +303,7 @@ impl Kernel {
         }
         let (code, align) = self
             .streaming_stores
-            .get_or_init(|| {
-                // The streaming variant's schedule where it has one, else the kernel's own.
-                let schedule = if self.streaming_batch == usize::MAX {
-                    self.schedule
-                } else {
-                    self.streaming_schedule()
-                };
-                self.variant(&schedule, "stream_nt", true)
-            })
+            .get_or_init(|| self.variant(&self.streaming_stores_schedule(), "stream_nt", true))
             .as_ref()?;
         (c as usize % align == 0).then(|| code.entry())
     }
@@ -338,15 +331,30 @@ impl Kernel {
         Some((exec, program.vector_bytes()))
     }
 
-    /// The schedule of the variant for batches that stream from memory.
+    /// The schedule of the variant with non-temporal stores of C: the streaming variant's
+    /// where it has one, else the kernel's own.
+    fn streaming_stores_schedule(&self) -> Schedule {
+        if self.streaming_batch == usize::MAX {
+            self.schedule
+        } else {
+            self.streaming_schedule()
+        }
+    }
+
+    /// The schedule of the variant for batches that stream from memory: prefetching only
+    /// on CPUs where that pays ([`crate::cpu::software_prefetch_pays`]).
     fn streaming_schedule(&self) -> Schedule {
-        if self.stream_blocks {
+        let s = if self.stream_blocks {
             smallgemm_ir::plan_streaming(&self.spec.col_major(), self.target, &self.schedule)
         } else {
             Schedule {
                 prefetch: true,
                 ..self.schedule
             }
+        };
+        Schedule {
+            prefetch: s.prefetch && crate::cpu::software_prefetch_pays(),
+            ..s
         }
     }
 
@@ -356,21 +364,40 @@ impl Kernel {
     /// streaming variant when the batch streams; else the kernel's own. Variants are
     /// compiled on the first call that runs them.
     fn entry(&self, batch: usize, whole: usize, c: *const u8) -> *const u8 {
+        self.code_for(batch, whole, c).0
+    }
+
+    /// The entry [`Kernel::entry`] picks, and the schedule its code was compiled from.
+    fn code_for(&self, batch: usize, whole: usize, c: *const u8) -> (*const u8, Schedule) {
         if let Some(entry) = self.streaming_stores_entry(whole, c) {
-            return entry;
+            return (entry, self.streaming_stores_schedule());
         }
         if !self.streams(batch) {
-            return self.exec.entry();
+            return (self.exec.entry(), self.schedule);
         }
         let variant = self.streaming.get_or_init(|| {
             // Planned here, on the first streaming call: most kernels never stream.
-            let (code, _) = self.variant(&self.streaming_schedule(), "stream", false)?;
+            let schedule = self.streaming_schedule();
+            if schedule == self.schedule {
+                // Not prefetching and not re-blocked: the kernel's own code.
+                return None;
+            }
+            let (code, _) = self.variant(&schedule, "stream", false)?;
             Some(code)
         });
         match variant {
-            Some(code) => code.entry(),
-            None => self.exec.entry(),
+            Some(code) => (code.entry(), self.streaming_schedule()),
+            None => (self.exec.entry(), self.schedule),
         }
+    }
+
+    /// The schedule of the code that a call on `batch` matrices with C at `c` runs: the
+    /// kernel's own, or that of a variant for batches that stream from memory (see
+    /// [`Kernel::streams`] and [`Kernel::stores_streaming`]). Variants block differently and
+    /// may round differently (within the same error bounds); compiles the variant if no
+    /// call has yet.
+    pub fn schedule_for(&self, batch: usize, c: *const u8) -> Schedule {
+        self.code_for(batch, batch, c).1
     }
 
     pub fn spec(&self) -> &GemmSpec {
@@ -687,8 +714,9 @@ impl Kernel {
             std::arch::x86_64::_mm_sfence();
             Ok(())
         }
+        // Only x86 stages C (`stages_c` says no elsewhere).
         #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("only x86 stages C")
+        self.call_entry(entry, a, b, c, batch, alpha, beta)
     }
 
     /// Calls `entry` (the kernel's code or one of its variants) on `batch` matrices.
