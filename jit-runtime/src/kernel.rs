@@ -113,62 +113,9 @@ pub struct Kernel {
     stream_blocks: bool,
     /// The fewest matrices a call needs to run `streaming` (usize::MAX: never).
     streaming_batch: usize,
-    /// The fewest matrices a call needs to run `streaming_stores` (usize::MAX: never), or
-    /// to write C through scratch memory (`stages_c`).
+    /// The fewest matrices a call needs to run `streaming_stores` (usize::MAX: never).
     streaming_stores_batch: usize,
-    /// Whether the batch's C matrices are one contiguous run of elements (tight, no gaps),
-    /// each at least `STAGE_MIN_C_BYTES`, so that a call whose stores of C cannot stream in
-    /// place may compute C in scratch memory and copy it out with non-temporal stores (see
-    /// [`Kernel::stages_c`]).
-    c_contiguous: bool,
     compile_time: Duration,
-}
-
-/// Bytes of C a call that stages C computes into scratch memory before copying them out,
-/// at least one matrix: the copies then overlap the next matrices' reads from memory.
-/// Measured from DRAM with beta = 0 against ordinary stores (docs/perf-notes.md, eighth
-/// session): 16 KiB chunks lost 10-25% at f64 12, 13 and f32 12, 13 (copies and reads then
-/// take turns), chunks of one matrix gained at f64 12..31 (6-17%, one thread).
-const STAGE_BYTES: usize = 2 << 10;
-
-/// The smallest C matrix (bytes) worth staging: below it the kernel call per chunk of a
-/// few matrices cost more than the reads for ownership it saves (f64 3x3 20%, 7x7 11%
-/// slower), from about 512 bytes it gained (f64 10x10 5%, f32 12x12 5-10%).
-const STAGE_MIN_C_BYTES: usize = 512;
-
-/// A cache line's worth of scratch memory, aligned like one.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
-thread_local! {
-    /// Scratch memory of the calls that stage C on this thread.
-    static STAGE: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Copies `len` bytes from `src` to `dst`, the whole 64-byte lines of `dst` by non-temporal
-/// stores (`vmovntdq`), the partial lines at either end by ordinary ones; the caller fences.
-///
-/// # Safety
-/// The CPU has AVX; `src` and `dst` are congruent modulo 64, valid for `len` bytes (read,
-/// write) and do not overlap.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
-    use std::arch::x86_64::{__m256i, _mm256_load_si256, _mm256_stream_si256};
-    let head = ((dst as usize).next_multiple_of(64) - dst as usize).min(len);
-    std::ptr::copy_nonoverlapping(src, dst, head);
-    let lines = (len - head) / 64;
-    let (mut s, mut d) = (src.add(head), dst.add(head));
-    for _ in 0..lines {
-        let lo = _mm256_load_si256(s.cast::<__m256i>());
-        let hi = _mm256_load_si256(s.add(32).cast::<__m256i>());
-        _mm256_stream_si256(d.cast::<__m256i>(), lo);
-        _mm256_stream_si256(d.add(32).cast::<__m256i>(), hi);
-        s = s.add(64);
-        d = d.add(64);
-    }
-    std::ptr::copy_nonoverlapping(s, d, len - head - 64 * lines);
 }
 
 /// `code` mapped executable and named in the perf map.
@@ -176,14 +123,6 @@ fn map_named(code: &MachineCode, name: impl FnOnce() -> String) -> Result<Execut
     let exec = ExecutableCode::new(&code.bytes)?;
     crate::perfmap::register(exec.entry(), code.bytes.len(), name);
     Ok(exec)
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
 }
 
 /// Bytes a strided batch of `spec` spans per matrix: its A, B and C strides.
@@ -254,12 +193,6 @@ impl Kernel {
             stream_blocks,
             streaming_batch: streaming_batch(spec, target, &generated.schedule, stream_blocks),
             streaming_stores_batch: streaming_stores_batch(spec, target),
-            c_contiguous: {
-                let (m, n) = spec.op_dims(Operand::C);
-                spec.footprint(Operand::C) == m * n
-                    && spec.stride(Operand::C) == m * n
-                    && m * n * spec.dtype().size() >= STAGE_MIN_C_BYTES
-            },
             compile_time: start.elapsed(),
         })
     }
@@ -279,20 +212,7 @@ impl Kernel {
     /// to the vector width when `c` is (columns and matrices a multiple of it apart), and
     /// `c` is. The first such query or call compiles that variant.
     pub fn stores_streaming(&self, batch: usize, c: *const u8) -> bool {
-        self.streaming_stores_entry(batch, c).is_some() || self.stages_c(batch, c)
-    }
-
-    /// Whether a call on `batch` matrices with C at `c` computes C into scratch memory, a
-    /// few KiB at a time, and copies it out with non-temporal stores: for beta = 0, strided
-    /// batches larger than the last-level cache whose C matrices are contiguous (tight, no
-    /// gaps), where the kernel's own stores of C cannot stream in place (a column or a
-    /// matrix no whole number of vectors, or `c` not aligned for them). An ordinary store
-    /// of C reads the line first: C would cost its bytes twice.
-    pub fn stages_c(&self, batch: usize, c: *const u8) -> bool {
-        cfg!(target_arch = "x86_64")
-            && self.c_contiguous
-            && batch >= self.streaming_stores_batch
-            && self.streaming_stores_entry(batch, c).is_none()
+        self.streaming_stores_entry(batch, c).is_some()
     }
 
     /// The entry of the variant with non-temporal stores of C, where a call on `batch`
@@ -663,74 +583,6 @@ impl Kernel {
         alpha: T,
         beta: T,
     ) -> Result<(), Error> {
-        let entry = self.entry(batch, whole, c);
-        if !self.stages_c(whole, c) {
-            return self.call_entry(entry, a, b, c, batch, alpha, beta);
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            let elt = self.spec.dtype().size();
-            let c_bytes = self.spec.stride(Operand::C) * elt;
-            // Whole lines of matrices per chunk where that stays near STAGE_BYTES: chunks
-            // then start on the same byte of a line, none straddles another's line.
-            let line_matrices = 64 / gcd(64, c_bytes);
-            let mut chunk = (STAGE_BYTES / c_bytes).max(1);
-            if chunk >= line_matrices {
-                chunk -= chunk % line_matrices;
-            }
-            let [step_a, step_b] =
-                [Operand::A, Operand::B].map(|o| self.spec.stride(o) * elt * chunk);
-            STAGE.with_borrow_mut(|scratch| {
-                let need = (chunk * c_bytes).div_ceil(64) + 1;
-                if scratch.len() < need {
-                    scratch.resize(need, Line([0; 64]));
-                }
-                let base = scratch.as_mut_ptr().cast::<u8>();
-                let mut done = 0;
-                while done < batch {
-                    let count = chunk.min(batch - done);
-                    let dst = c.add(done * c_bytes);
-                    // The scratch copy starts on the same byte of a line as its destination.
-                    let stage = base.add(dst as usize % 64);
-                    let i = done / chunk;
-                    self.call_entry(
-                        entry,
-                        a.add(i * step_a),
-                        b.add(i * step_b),
-                        stage,
-                        count,
-                        alpha,
-                        beta,
-                    )?;
-                    // SAFETY: AVX (every x86 target has it); the stage and C are congruent
-                    // modulo 64, and C holds `count` matrices from `dst` (the caller's
-                    // promise for the batch).
-                    copy_streaming(stage, dst, count * c_bytes);
-                    done += count;
-                }
-                Ok::<(), Error>(())
-            })?;
-            // The streaming stores are weakly ordered: fence them before the caller reads C.
-            std::arch::x86_64::_mm_sfence();
-            Ok(())
-        }
-        // Only x86 stages C (`stages_c` says no elsewhere).
-        #[cfg(not(target_arch = "x86_64"))]
-        self.call_entry(entry, a, b, c, batch, alpha, beta)
-    }
-
-    /// Calls `entry` (the kernel's code or one of its variants) on `batch` matrices.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn call_entry<T: Element>(
-        &self,
-        entry: *const u8,
-        a: *const u8,
-        b: *const u8,
-        c: *mut u8,
-        batch: usize,
-        alpha: T,
-        beta: T,
-    ) -> Result<(), Error> {
         // Row-major specs run as column-major with the operands exchanged.
         let (a, b) = if self.spec.col_major().swap_operands {
             (b, a)
@@ -747,7 +599,8 @@ impl Kernel {
             type Entry<T> = unsafe extern "sysv64" fn(*const u8, *const u8, *mut u8, usize, T, T);
             // SAFETY: the code was emitted for this signature (System V, see codegen-x86) on
             // a target this CPU runs, and stays mapped while `self` lives.
-            let entry: Entry<T> = std::mem::transmute::<*const u8, Entry<T>>(entry);
+            let entry: Entry<T> =
+                std::mem::transmute::<*const u8, Entry<T>>(self.entry(batch, whole, c));
             entry(a, b, c, batch, x0, x1);
             Ok(())
         }
@@ -757,13 +610,13 @@ impl Kernel {
             // in x0..x3, scalars in v0, v1; see codegen-arm) for NEON, the only ISA an
             // AArch64 JIT compiles for, and stays mapped while `self` lives.
             let entry: unsafe extern "C" fn(_, _, _, usize, T, T) =
-                std::mem::transmute::<*const u8, _>(entry);
+                std::mem::transmute::<*const u8, _>(self.entry(batch, whole, c));
             entry(a, b, c, batch, x0, x1);
             Ok(())
         }
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
-            let _ = (entry, a, b, c, batch, x0, x1);
+            let _ = (a, b, c, batch, x0, x1);
             Err(Error::NoSupportedIsa)
         }
     }
