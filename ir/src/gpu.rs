@@ -587,7 +587,8 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
 /// over those in 33..127, the winners taken where the bench did not lose, then
 /// `--flatc-only` over the even ones from 66 with C's padded copy: version 8; then
 /// `--groups` over 65..112 with tiles in groups, the winners all ahead of the old defaults
-/// in both bench runs: version 11): (warps, tba, variant).
+/// in both bench runs: version 11; 49 flat with the multiply-high slots, from `--mma-only
+/// --ldmatrix-only`: version 13): (warps, tba, variant).
 #[rustfmt::skip]
 const H100_F16_MMA: [(u32, u32, Mma); 113] = [
     (1, 1, Pre), (2, 1, FlatPre), (2, 2, Pre), (2, 1, FlatPre), (2, 2, Pre), (2, 1, FlatPre), // 16..21
@@ -595,7 +596,7 @@ const H100_F16_MMA: [(u32, u32, Mma); 113] = [
     (2, 2, Pre), (2, 2, FlatPre), (2, 2, FlatPre), (2, 1, FlatPre), (4, 1, Ldm), (4, 1, FlatPre), // 28..33
     (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), // 34..39
     (4, 1, Pre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, Pre), (4, 1, FlatPre), // 40..45
-    (4, 1, FlatPre), (4, 1, FlatPre), (8, 1, FlatC), (4, 1, Pre), (8, 1, Pre), (4, 1, FlatPre), // 46..51
+    (4, 1, FlatPre), (4, 1, FlatPre), (8, 1, FlatC), (4, 1, FlatPre), (8, 1, Pre), (4, 1, FlatPre), // 46..51
     (4, 1, Pre), (4, 1, FlatPre), (8, 1, Pre), (8, 1, FlatPre), (8, 1, FlatC), (4, 1, FlatPre), // 52..57
     (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), (4, 1, FlatPre), // 58..63
     (8, 1, FlatC), (16, 1, FlatC), (8, 1, FlatC), (8, 1, FlatC), (8, 1, FlatC), (8, 1, FlatC), // 64..69
@@ -652,8 +653,8 @@ const H100_F16_V12: [(usize, u32, u32, bool); 25] = [
 /// multiply-high (`GpuSchedule::mul_hi_slots`): measured on an H100 against the division,
 /// alternated, twice (docs/gpu-notes.md, version 13), ahead in both runs by 1-6 points of
 /// the bound; 41 and 43 were mixed, 31 and 57..61 lost 1-7 points, 95 19: they divide.
-const H100_F16_MUL_HI: [usize; 16] = [
-    17, 19, 21, 23, 25, 27, 29, 33, 35, 37, 39, 45, 47, 51, 53, 55,
+const H100_F16_MUL_HI: [usize; 17] = [
+    17, 19, 21, 23, 25, 27, 29, 33, 35, 37, 39, 45, 47, 49, 51, 53, 55,
 ];
 
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
