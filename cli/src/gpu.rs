@@ -668,6 +668,20 @@ fn group_candidates(
     out
 }
 
+/// The PTX of `spec` under `s` less its entry name and comments (None where it does not
+/// compile): schedules with the same code are one candidate.
+fn ptx_code(spec: &GemmSpec, target: &GpuTarget, s: &GpuSchedule) -> Option<String> {
+    smallgemm_codegen_ptx::generate(spec, target, Some(s), BatchKind::Strided)
+        .ok()
+        .map(|k| {
+            k.ptx
+                .replace(&k.entry, "")
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect()
+        })
+}
+
 /// `tune --c-over-a`: the planned schedule and `FlatC` with `ldmatrix`, 8 and 16 warps and
 /// each multiple of the row tiles from 4 to 16 warps, one problem per block, each as it is
 /// and with C's copy in A's place (`c_over_a`) where the warps keep one row of tiles each,
@@ -693,19 +707,8 @@ fn c_over_a_candidates(
             ..GpuSchedule::mma(warps, 1, true)
         })
         .collect();
-    // The PTX of each candidate less its name and comments: counts of blocks per SM that
-    // give the code of another candidate are timed once.
-    let code = |s: &GpuSchedule| {
-        smallgemm_codegen_ptx::generate(spec, target, Some(s), BatchKind::Strided)
-            .ok()
-            .map(|k| {
-                k.ptx
-                    .replace(&k.entry, "")
-                    .lines()
-                    .filter(|l| !l.trim_start().starts_with("//"))
-                    .collect::<String>()
-            })
-    };
+    // Counts of blocks per SM that give the code of another candidate are timed once.
+    let code = |s: &GpuSchedule| ptx_code(spec, target, s);
     let mut seen: Vec<Option<String>> = out.iter().map(code).collect();
     for s in out.clone().iter().chain(&flatc) {
         let mut more = vec![*s];
@@ -825,19 +828,7 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                         .filter(|&b| b * threads <= 2048)
                         .map(|b| GpuSchedule { min_blocks: b, ..p })
                         .filter(|s| {
-                            let k = smallgemm_codegen_ptx::generate(
-                                &spec,
-                                gpu.target(),
-                                Some(s),
-                                BatchKind::Strided,
-                            );
-                            let text = k.ok().map(|k| {
-                                k.ptx
-                                    .replace(&k.entry, "")
-                                    .lines()
-                                    .filter(|l| !l.trim_start().starts_with("//"))
-                                    .collect::<String>()
-                            });
+                            let text = ptx_code(&spec, gpu.target(), s);
                             let new = !seen.contains(&text);
                             seen.push(text);
                             new

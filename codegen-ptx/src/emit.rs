@@ -1286,6 +1286,22 @@ pub(crate) fn kernel(
     // Groups past the end of the batch leave now that the block's barrier is behind them
     // (a divergent branch: groups of one warp may differ, so not bra.uni).
     asm.op(format!("@{out} bra {leave}"));
+    // The block's span of flat C between shared and global memory (where C is staged flat).
+    let copy_c_flat = |asm: &mut Asm, to_shared: bool| {
+        if let Some((span, end, region, vectors)) = &cflat_region {
+            flat_copy(
+                asm,
+                dtype,
+                &tid,
+                tpp * tba,
+                span,
+                end,
+                region,
+                *vectors,
+                to_shared,
+            );
+        }
+    };
 
     match &tile {
         Some(tile) => fma_body(
@@ -1310,18 +1326,8 @@ pub(crate) fn kernel(
                 asm.comment("C into A's place in shared memory");
                 if let (Some(c), Some(sc)) = (flat.c_pad, &sc) {
                     copy_c_pad(asm, c, sc, true);
-                } else if let Some((span, end, region, vectors)) = &cflat_region {
-                    flat_copy(
-                        asm,
-                        dtype,
-                        &tid,
-                        tpp * tba,
-                        span,
-                        end,
-                        region,
-                        *vectors,
-                        true,
-                    );
+                } else {
+                    copy_c_flat(asm, true);
                 }
                 asm.op("bar.sync 0");
             };
@@ -1337,21 +1343,11 @@ pub(crate) fn kernel(
         asm.comment("C back to global memory, column by column");
         copy_c_pad(&mut asm, c, sc, false);
     }
-    if let Some((span, end, region, vectors)) = &cflat_region {
+    if cflat_region.is_some() {
         asm.place(&cdone);
         asm.op("bar.sync 0");
         asm.comment("C back to global memory, flat");
-        flat_copy(
-            &mut asm,
-            dtype,
-            &tid,
-            tpp * tba,
-            span,
-            end,
-            region,
-            *vectors,
-            false,
-        );
+        copy_c_flat(&mut asm, false);
     }
     asm.place(&exit);
     asm.op("ret");

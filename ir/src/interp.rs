@@ -254,15 +254,7 @@ impl<T: Element> Machine<'_, T> {
             Op::StoreStream { addr, src } => {
                 // The caller aligns C to the vector width; so must the store's offset be.
                 let width = self.program.vector_bytes();
-                let at = match self.gpr(op, addr.base)? {
-                    Value::Address { region, offset } => (region, offset + addr.offset as i64),
-                    Value::Count(_) => {
-                        return Err(InterpError::NotAnAddress {
-                            op: format!("{op:?}"),
-                            gpr: addr.base,
-                        })
-                    }
-                };
+                let at = self.address(op, *addr)?;
                 if at.0 != Region::C || at.1 % width as i64 != 0 || self.narrow.is_some() {
                     return Err(InterpError::StreamMisaligned {
                         op: format!("{op:?}"),
@@ -394,15 +386,7 @@ impl<T: Element> Machine<'_, T> {
             // A hint: nothing to compute, and its address may lie past the batch.
             Op::Prefetch { .. } => {}
             Op::LoadAddress { dst, addr } => {
-                let (region, offset) = match self.gpr(op, addr.base)? {
-                    Value::Address { region, offset } => (region, offset + addr.offset as i64),
-                    Value::Count(_) => {
-                        return Err(InterpError::NotAnAddress {
-                            op: format!("{op:?}"),
-                            gpr: addr.base,
-                        })
-                    }
-                };
+                let (region, offset) = self.address(op, *addr)?;
                 let (Region::Pointers(which), Some(arrays)) = (region, self.pointers) else {
                     return Err(InterpError::OutOfBounds {
                         op: format!("{op:?} (not an array of pointers)"),
@@ -585,19 +569,22 @@ impl<T: Element> Machine<'_, T> {
             })
     }
 
+    /// The region `addr` points into and its byte offset there (unchecked).
+    fn address(&self, op: &Op, addr: Addr) -> Result<(Region, i64), InterpError> {
+        match self.gpr(op, addr.base)? {
+            Value::Address { region, offset } => Ok((region, offset + addr.offset as i64)),
+            Value::Count(_) => Err(InterpError::NotAnAddress {
+                op: format!("{op:?}"),
+                gpr: addr.base,
+            }),
+        }
+    }
+
     /// The element index `lane` elements past `addr`, checked against its region.
     fn locate(&self, op: &Op, addr: Addr, lane: usize) -> Result<(Region, usize), InterpError> {
         let elt = T::DTYPE.size();
-        let (region, base) = match self.gpr(op, addr.base)? {
-            Value::Address { region, offset } => (region, offset),
-            Value::Count(_) => {
-                return Err(InterpError::NotAnAddress {
-                    op: format!("{op:?}"),
-                    gpr: addr.base,
-                })
-            }
-        };
-        let offset = base + addr.offset as i64 + (lane * elt) as i64;
+        let (region, base) = self.address(op, addr)?;
+        let offset = base + (lane * elt) as i64;
         if offset % elt as i64 != 0 {
             return Err(InterpError::Misaligned {
                 op: format!("{op:?}"),

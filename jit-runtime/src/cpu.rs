@@ -31,10 +31,11 @@ pub fn supported_isas() -> Vec<Isa> {
 
 /// Whether the variants for batches that stream from memory prefetch the next matrices
 /// (`prefetcht0`, one trip ahead). On the Intel Xeon of the earlier sessions they paid; on
-/// an AMD EPYC (Zen 4) the same tall blocks without them ran 0-47% faster from DRAM (f64
-/// 16 1.31x, 19 1.47x, 24 1.45x, 32 1.35x; f32 24 1.18x, 32 1.23x; one thread, alternated
-/// in one process: docs/perf-notes.md, eighth session): its hardware prefetchers follow the
-/// blocks' ascending columns alone, and the extra loads only compete with them.
+/// an AMD EPYC (Zen 4) the same tall blocks without them ran up to 47% faster from DRAM,
+/// never more than 3% slower (f64 16 1.31x, 19 1.47x, 24 1.45x, 32 1.35x; f32 24 1.18x, 32
+/// 1.23x, 4 0.97x; one thread, alternated in one process: docs/perf-notes.md, eighth
+/// session). Likely, not measured: its hardware prefetchers follow the blocks' ascending
+/// columns alone, and the extra loads only compete with them.
 pub(crate) fn software_prefetch_pays() -> bool {
     !crate::tuning::cpu_model().starts_with("AMD")
 }

@@ -103,12 +103,11 @@ pub struct Kernel {
     /// compiled on the first such call; None where it does not pay, where it would be the
     /// kernel's own code (no prefetching on this CPU, no re-blocking), or where it failed to
     /// compile (the kernel's own code then runs, correct and a little slower).
-    streaming: OnceLock<Option<ExecutableCode>>,
+    streaming: OnceLock<Option<Variant>>,
     /// `streaming` with C written by non-temporal stores, for beta = 0 (see
-    /// [`smallgemm_ir::stream_store`]), and the alignment of C it needs: run only on calls
-    /// whose C is that aligned and whose batch outgrows the last-level cache. None where no
-    /// store qualifies.
-    streaming_stores: OnceLock<Option<(ExecutableCode, usize)>>,
+    /// [`smallgemm_ir::stream_store`]): run only on calls whose C is aligned as the variant
+    /// needs and whose batch outgrows the last-level cache. None where no store qualifies.
+    streaming_stores: OnceLock<Option<Variant>>,
     /// Whether `streaming` may block differently from `schedule` (see [`Kernel::compile`]).
     stream_blocks: bool,
     /// The fewest matrices a call needs to run `streaming` (usize::MAX: never).
@@ -116,6 +115,15 @@ pub struct Kernel {
     /// The fewest matrices a call needs to run `streaming_stores` (usize::MAX: never).
     streaming_stores_batch: usize,
     compile_time: Duration,
+}
+
+/// Code compiled from another schedule than the kernel's own, for some calls.
+#[derive(Debug)]
+struct Variant {
+    code: ExecutableCode,
+    schedule: Schedule,
+    /// The alignment of C its streaming stores need (the vector width in bytes).
+    c_align: usize,
 }
 
 /// `code` mapped executable and named in the perf map.
@@ -212,34 +220,28 @@ impl Kernel {
     /// to the vector width when `c` is (columns and matrices a multiple of it apart), and
     /// `c` is. The first such query or call compiles that variant.
     pub fn stores_streaming(&self, batch: usize, c: *const u8) -> bool {
-        self.streaming_stores_entry(batch, c).is_some()
+        self.streaming_stores_variant(batch, c).is_some()
     }
 
-    /// The entry of the variant with non-temporal stores of C, where a call on `batch`
-    /// matrices with C at `c` runs it (see [`Kernel::stores_streaming`]).
-    fn streaming_stores_entry(&self, batch: usize, c: *const u8) -> Option<*const u8> {
+    /// The variant with non-temporal stores of C, where a call on `batch` matrices with C
+    /// at `c` runs it (see [`Kernel::stores_streaming`]).
+    fn streaming_stores_variant(&self, batch: usize, c: *const u8) -> Option<&Variant> {
         if batch < self.streaming_stores_batch {
             return None;
         }
-        let (code, align) = self
+        let v = self
             .streaming_stores
-            .get_or_init(|| self.variant(&self.streaming_stores_schedule(), "stream_nt", true))
+            .get_or_init(|| self.variant(self.streaming_stores_schedule(), "stream_nt", true))
             .as_ref()?;
-        (c as usize % align == 0).then(|| code.entry())
+        (c as usize % v.c_align == 0).then_some(v)
     }
 
     /// A variant of the kernel compiled from `schedule`, named in the perf map with `suffix`;
     /// with `stream_stores`, only where every store of C can stream
-    /// ([`smallgemm_ir::stream_store`]). Also the alignment of C the code needs for its
-    /// streaming stores (the vector width). None where it cannot be made: the caller then
-    /// runs other code, correct and a little slower.
-    fn variant(
-        &self,
-        schedule: &Schedule,
-        suffix: &str,
-        stream_stores: bool,
-    ) -> Option<(ExecutableCode, usize)> {
-        let (_, mut program) = compile_program(&self.spec, self.target, Some(schedule)).ok()?;
+    /// ([`smallgemm_ir::stream_store`]). None where it cannot be made: the caller then runs
+    /// other code, correct and a little slower.
+    fn variant(&self, schedule: Schedule, suffix: &str, stream_stores: bool) -> Option<Variant> {
+        let (_, mut program) = compile_program(&self.spec, self.target, Some(&schedule)).ok()?;
         if stream_stores && !smallgemm_ir::stream_store::apply(&mut program) {
             return None;
         }
@@ -248,7 +250,11 @@ impl Kernel {
             format!("{}_{}_{suffix}", self.target.isa, self.spec.name())
         })
         .ok()?;
-        Some((exec, program.vector_bytes()))
+        Some(Variant {
+            code: exec,
+            schedule,
+            c_align: program.vector_bytes(),
+        })
     }
 
     /// The schedule of the variant with non-temporal stores of C: the streaming variant's
@@ -289,8 +295,8 @@ impl Kernel {
 
     /// The entry [`Kernel::entry`] picks, and the schedule its code was compiled from.
     fn code_for(&self, batch: usize, whole: usize, c: *const u8) -> (*const u8, Schedule) {
-        if let Some(entry) = self.streaming_stores_entry(whole, c) {
-            return (entry, self.streaming_stores_schedule());
+        if let Some(v) = self.streaming_stores_variant(whole, c) {
+            return (v.code.entry(), v.schedule);
         }
         if !self.streams(batch) {
             return (self.exec.entry(), self.schedule);
@@ -302,11 +308,10 @@ impl Kernel {
                 // Not prefetching and not re-blocked: the kernel's own code.
                 return None;
             }
-            let (code, _) = self.variant(&schedule, "stream", false)?;
-            Some(code)
+            self.variant(schedule, "stream", false)
         });
         match variant {
-            Some(code) => (code.entry(), self.streaming_schedule()),
+            Some(v) => (v.code.entry(), v.schedule),
             None => (self.exec.entry(), self.schedule),
         }
     }
