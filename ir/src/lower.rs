@@ -788,19 +788,19 @@ impl Lowering<'_> {
     /// a vector beside full ones: the smallest x86 vector (16 or 32 bytes) that holds its
     /// lanes, as MKL's kernels do (measured, 20x20x20 f64 in L1: the 4-row tail's FMAs as
     /// ymm instead of zmm took the kernel from 0.69-0.93x to 0.93-1.01x MKL JIT's speed).
-    /// Not for blocks of tails alone: narrow FMAs do not issue on the 512-bit-only FMA port,
-    /// and such blocks lost (10x10x10 f64, 1x10 blocks: 0.70-0.75x against 0.78-0.94x MKL
-    /// JIT). None: full width.
+    /// On Intel not for blocks of tails alone: narrow FMAs do not issue on the 512-bit-only
+    /// FMA port, and such blocks lost (10x10x10 f64, 1x10 blocks: 0.70-0.75x against
+    /// 0.78-0.94x MKL JIT); where 512-bit operations run as halves, there too
+    /// ([`Target::narrow_tail_bytes`]). None: full width.
     fn narrow_bytes(&self, rb: RowBlock, v: usize) -> Option<u32> {
         let full = rb.rows / self.lanes;
-        if !rb.tail || full == 0 || v < full || self.target.masks() == MaskSupport::PartialAccess {
+        if !rb.tail || v < full {
             return None;
         }
-        let elt = self.elt as usize;
-        let bytes = (self.tail_masks[v - full].1 as usize * elt)
-            .next_power_of_two()
-            .max(16);
-        (bytes < self.lanes * elt).then_some(bytes as u32)
+        let tail_bytes = self.tail_masks[v - full].1 as usize * self.elt as usize;
+        self.target
+            .narrow_tail_bytes(full, tail_bytes, self.lanes * self.elt as usize)
+            .map(|bytes| bytes as u32)
     }
 
     fn mask_for(&self, rb: RowBlock, vector: usize) -> Option<Mask> {

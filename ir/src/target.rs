@@ -64,15 +64,30 @@ pub enum MaskSupport {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Target {
     pub isa: Isa,
+    /// 512-bit arithmetic issues as two 256-bit halves (AMD Zen 4): a zmm FMA takes both FMA
+    /// pipes for a cycle, an xmm or ymm FMA one of them. It changes how tails are lowered
+    /// ([`Target::narrow_tail_bytes`]), not the planner's cost model: counting a zmm FMA as
+    /// two narrow ones there made it pick blocks that lost on Zen 4 (docs/perf-notes.md,
+    /// ninth session).
+    #[serde(default)]
+    pub halves_512: bool,
 }
 
 impl Target {
-    pub const AVX2: Target = Target { isa: Isa::Avx2 };
-    pub const AVX512: Target = Target { isa: Isa::Avx512 };
-    pub const NEON: Target = Target { isa: Isa::Neon };
+    pub const AVX2: Target = Target::new(Isa::Avx2);
+    pub const AVX512: Target = Target::new(Isa::Avx512);
+    pub const NEON: Target = Target::new(Isa::Neon);
+    /// AVX-512 on a core that runs it as two 256-bit halves (AMD Zen 4).
+    pub const AVX512_HALVES: Target = Target {
+        isa: Isa::Avx512,
+        halves_512: true,
+    };
 
-    pub fn new(isa: Isa) -> Target {
-        Target { isa }
+    pub const fn new(isa: Isa) -> Target {
+        Target {
+            isa,
+            halves_512: false,
+        }
     }
 
     /// Whether kernels of this element type can be generated for this target.
@@ -149,6 +164,26 @@ impl Target {
         self.isa == Isa::Neon
     }
 
+    /// The width (16 or 32 bytes) the arithmetic of a row block's tail vector runs at, when
+    /// narrower than its `vector_bytes`-byte vectors: the smallest x86 vector that holds its
+    /// `tail_bytes`, as MKL's kernels do. On Intel's 512-bit pipes only beside
+    /// `full_vectors` full ones: blocks of tails alone lost (narrow FMAs do not issue on the
+    /// 512-bit-only port); where 512-bit operations run as halves a narrow FMA takes half the
+    /// pipes of a full one anywhere. None: full width (also where a tail is loaded and
+    /// stored piece by piece, NEON).
+    pub fn narrow_tail_bytes(
+        self,
+        full_vectors: usize,
+        tail_bytes: usize,
+        vector_bytes: usize,
+    ) -> Option<usize> {
+        if (full_vectors == 0 && !self.halves_512) || self.masks() == MaskSupport::PartialAccess {
+            return None;
+        }
+        let bytes = tail_bytes.next_power_of_two().max(16);
+        (bytes < vector_bytes).then_some(bytes)
+    }
+
     /// Vector FMAs per cycle, for the planner's cost model. Two pipes on both x86 ISAs and on
     /// current AArch64 cores (Cortex-A76/Neoverse N1 and later: two 128-bit FMA pipes).
     pub fn fma_per_cycle(self) -> f64 {
@@ -182,6 +217,10 @@ impl Target {
 
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.isa.name())
+        f.write_str(self.isa.name())?;
+        if self.halves_512 {
+            f.write_str(" (512-bit halves)")?;
+        }
+        Ok(())
     }
 }

@@ -97,7 +97,7 @@ fn planned_schedules_compute_the_reference() {
     ];
     let mut seed = 1;
     for (m, n, k) in shapes {
-        for target in [Target::AVX2, Target::AVX512] {
+        for target in [Target::AVX2, Target::AVX512, Target::AVX512_HALVES] {
             for spec in specs(Dtype::F64, m, n, k) {
                 seed += 1;
                 run_case::<f64>(&spec, target, None, seed);
@@ -114,7 +114,7 @@ fn planned_schedules_compute_the_reference() {
 fn looped_schedules_compute_the_reference() {
     let mut seed = 1000;
     for (m, n, k) in [(37, 23, 19), (20, 9, 11), (8, 8, 9), (5, 13, 33)] {
-        for target in [Target::AVX2, Target::AVX512] {
+        for target in [Target::AVX2, Target::AVX512, Target::AVX512_HALVES] {
             for s in [
                 Schedule {
                     m_vectors: 1,
@@ -213,5 +213,46 @@ fn planner_respects_register_file() {
                 assert!(p.vregs <= target.vector_registers(), "{s:?}");
             }
         }
+    }
+}
+
+/// Narrow (`Op::Narrow`) operations in `ops`, loop bodies included.
+fn narrow_ops(ops: &[smallgemm_ir::Op]) -> usize {
+    ops.iter()
+        .map(|op| match op {
+            smallgemm_ir::Op::Narrow { .. } => 1,
+            smallgemm_ir::Op::Loop { body, .. } => narrow_ops(body),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[test]
+fn lone_tails_narrow_only_where_512_bit_operations_run_as_halves() {
+    // f64 9x9x9 plans one-vector blocks: 8 rows, then a block of the ninth row alone, whose
+    // 81 FMAs, 9 A loads and the C loads and stores run as xmm on Zen 4 and as zmm on Intel.
+    let spec = GemmSpec::builder(Dtype::F64, 9, 9, 9).build().unwrap();
+    let schedule = Schedule {
+        m_vectors: 1,
+        ..smallgemm_ir::plan(&spec.col_major(), Target::AVX512)
+    };
+    let narrow = |target| {
+        let (_, program) = compile_program(&spec, target, Some(&schedule)).unwrap();
+        narrow_ops(&program.ops)
+    };
+    assert_eq!(narrow(Target::AVX512), 0);
+    assert!(
+        narrow(Target::AVX512_HALVES) >= 81,
+        "{}",
+        narrow(Target::AVX512_HALVES)
+    );
+    // Beside a full vector the tail narrows on both.
+    let two = Schedule {
+        m_vectors: 2,
+        ..schedule
+    };
+    for target in [Target::AVX512, Target::AVX512_HALVES] {
+        let (_, program) = compile_program(&spec, target, Some(&two)).unwrap();
+        assert!(narrow_ops(&program.ops) >= 81);
     }
 }

@@ -94,11 +94,41 @@ fn parse_size(text: &str) -> Option<usize> {
     digits.parse::<usize>().ok().map(|n| n * unit)
 }
 
+/// Whether this CPU runs 512-bit operations as two 256-bit halves: AMD's family 19h with
+/// AVX-512, Zen 4 (Zen 3, the same family, has none). Read from CPUID, since VMs report
+/// model names such as "AMD EPYC" alone.
+fn runs_512_bit_as_halves() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        let vendor = __cpuid(0);
+        let amd = [vendor.ebx, vendor.edx, vendor.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163];
+        let eax = __cpuid(1).eax;
+        let base = (eax >> 8) & 0xf;
+        let family = if base == 0xf {
+            base + ((eax >> 20) & 0xff)
+        } else {
+            base
+        };
+        amd && family == 0x19
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `isa` as a target for this CPU (which must run it).
+fn target(isa: Isa) -> Target {
+    Target {
+        halves_512: isa == Isa::Avx512 && runs_512_bit_as_halves(),
+        ..Target::new(isa)
+    }
+}
+
 /// The best target of this CPU: AVX-512 over AVX2; NEON on AArch64.
 pub fn detect() -> Result<Target, Error> {
     supported_isas()
         .first()
-        .map(|&isa| Target::new(isa))
+        .map(|&isa| target(isa))
         .ok_or(Error::NoSupportedIsa)
 }
 
@@ -106,7 +136,7 @@ pub fn detect() -> Result<Target, Error> {
 pub fn require(isa: Isa) -> Result<Target, Error> {
     let isas = supported_isas();
     if isas.contains(&isa) {
-        Ok(Target::new(isa))
+        Ok(target(isa))
     } else {
         let available = if isas.is_empty() {
             "none of avx2, avx512, neon".to_string()
