@@ -127,7 +127,7 @@ pub fn table(report: &Report) -> String {
     }
     let _ = writeln!(
         out,
-        "Bounds: hot = min(FMA peak, flops / (bytes / L2 gemm-pattern bandwidth)); stream = flops / (bytes / DRAM gemm-pattern bandwidth),\n\
+        "Bounds: hot = min(FMA peak, flops / (bytes / L2 gemm-pattern bandwidth)); stream = min(FMA peak, flops / (bytes / DRAM gemm-pattern bandwidth)),\n\
          the FMA loop and the pattern over each case's own A, B and C timed in the same rounds as the figures (the table above: at the start);\n\
          bytes = A, B, C read once (C not when beta = 0) and C written once. Hot batch: {} KiB per thread; stream: {} MiB.",
         report.hot_bytes >> 10,

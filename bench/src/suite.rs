@@ -699,13 +699,8 @@ impl Runner<'_, '_> {
         };
         // Saturating: `--reps` sets the budget to Duration::MAX.
         // The rounds also time the bound's probes, each a budget share of its own: the
-        // memory pattern over this case's A, B and C (in L2 or from DRAM), and for the hot
-        // regime the FMA loop.
-        let probes = match regime {
-            Regime::Hot => 2,
-            Regime::Stream => 1,
-        };
-        let participants = prepared.len() + probes;
+        // memory pattern over this case's A, B and C (in L2 or from DRAM), and the FMA loop.
+        let participants = prepared.len() + 2;
         let budget = timing.budget.saturating_mul(participants as u32);
         let isa = self.ctx.jit.target().isa;
         let (mut probe_bytes, mut probe_seconds) = (0.0, Vec::new());
@@ -723,11 +718,9 @@ impl Runner<'_, '_> {
             let (counted, samples) = time_gemm_pattern(isa, a, b, c, threads, t)?;
             probe_bytes = counted as f64;
             probe_seconds.extend(samples);
-            if regime == Regime::Hot {
-                fma_seconds.extend(time_parallel(threads, t, |_| {
-                    probe::fma_loop(isa, T::DTYPE).map(drop)
-                })?);
-            }
+            fma_seconds.extend(time_parallel(threads, t, |_| {
+                probe::fma_loop(isa, T::DTYPE).map(drop)
+            })?);
             for ((_, g), out) in prepared.iter().zip(&mut seconds) {
                 out.extend(time_batch(&**g, spec, a, b, c, batch, threads, t)?);
             }
@@ -736,29 +729,27 @@ impl Runner<'_, '_> {
         // samples, so that a slow period of the shared machine moves the bound with the
         // figures (the probe at the start of a run read 9.2 to 12.3 GB/s from DRAM on one
         // thread in runs an hour apart; the FMA peak moves likewise under load).
+        // The bound is the lower of the two, from DRAM too: there large matrices' few bytes
+        // per flop let memory feed more than the FMA units compute (f64 32x32x32 at 31 GB/s:
+        // 62 GFLOP/s against a peak of 58 on the AMD VM of the ninth session).
         let bandwidth = probe_bytes / stats::median(&probe_seconds).ok_or("no probe samples")?;
         let memory = flops / (bytes / bandwidth) / 1e9;
-        let bound = match regime {
-            Regime::Hot => {
-                let fma_flops = probe::fma_loop(isa, T::DTYPE)? * threads as f64;
-                let fma_time = stats::median(&fma_seconds).ok_or("no probe samples")?;
-                let peak = fma_flops / fma_time / 1e9;
-                if peak <= memory {
-                    Bound {
-                        gflops: peak,
-                        limit: "fma-peak",
-                    }
-                } else {
-                    Bound {
-                        gflops: memory,
-                        limit: "l2",
-                    }
-                }
+        let fma_flops = probe::fma_loop(isa, T::DTYPE)? * threads as f64;
+        let fma_time = stats::median(&fma_seconds).ok_or("no probe samples")?;
+        let peak = fma_flops / fma_time / 1e9;
+        let bound = if peak <= memory {
+            Bound {
+                gflops: peak,
+                limit: "fma-peak",
             }
-            Regime::Stream => Bound {
+        } else {
+            Bound {
                 gflops: memory,
-                limit: "dram",
-            },
+                limit: match regime {
+                    Regime::Hot => "l2",
+                    Regime::Stream => "dram",
+                },
+            }
         };
         let smallgemm_seconds = prepared
             .iter()

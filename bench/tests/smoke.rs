@@ -63,7 +63,7 @@ fn a_tiny_run_reports_every_figure() {
         let limit = if f.regime == Regime::Hot {
             ["fma-peak", "l2"]
         } else {
-            ["dram", "dram"]
+            ["fma-peak", "dram"]
         };
         assert!(limit.contains(&f.bound.limit), "{:?}", f.bound);
     }
