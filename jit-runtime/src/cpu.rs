@@ -35,9 +35,12 @@ pub fn supported_isas() -> Vec<Isa> {
 /// never more than 3% slower (f64 16 1.31x, 19 1.47x, 24 1.45x, 32 1.35x; f32 24 1.18x, 32
 /// 1.23x, 4 0.97x; one thread, alternated in one process: docs/perf-notes.md, eighth
 /// session). Likely, not measured: its hardware prefetchers follow the blocks' ascending
-/// columns alone, and the extra loads only compete with them.
+/// columns alone, and the extra loads only compete with them. Ninth session, same VM:
+/// `prefetcht0` one, two or four trips ahead lost again (f64 12..32, geomean over LIBXSMM
+/// 0.79-1.00x against 1.15-1.24x without), `prefetcht1` / `prefetcht2` one trip ahead won
+/// nowhere reliably. Any AMD CPU (CPUID's vendor).
 pub(crate) fn software_prefetch_pays() -> bool {
-    !crate::tuning::cpu_model().starts_with("AMD")
+    amd_family().is_none()
 }
 
 /// Bytes of one core's L2 cache (from Linux's sysfs; 1 MiB where it cannot be read): a
@@ -94,26 +97,38 @@ fn parse_size(text: &str) -> Option<usize> {
     digits.parse::<usize>().ok().map(|n| n * unit)
 }
 
-/// Whether this CPU runs 512-bit operations as two 256-bit halves: AMD's family 19h with
-/// AVX-512, Zen 4 (Zen 3, the same family, has none). Read from CPUID, since VMs report
-/// model names such as "AMD EPYC" alone.
-fn runs_512_bit_as_halves() -> bool {
+/// The CPU family (base plus extended, as AMD documents it) where CPUID's vendor is AMD;
+/// None for any other vendor. From CPUID rather than the model name, which VMs shorten to
+/// "AMD EPYC".
+fn amd_family() -> Option<u32> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::__cpuid;
-        let vendor = __cpuid(0);
-        let amd = [vendor.ebx, vendor.edx, vendor.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163];
-        let eax = __cpuid(1).eax;
-        let base = (eax >> 8) & 0xf;
-        let family = if base == 0xf {
-            base + ((eax >> 20) & 0xff)
-        } else {
-            base
-        };
-        amd && family == 0x19
+        static FAMILY: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+        *FAMILY.get_or_init(|| {
+            let vendor = __cpuid(0);
+            // "AuthenticAMD" in EBX, EDX, ECX.
+            if [vendor.ebx, vendor.edx, vendor.ecx] != [0x6874_7541, 0x6974_6e65, 0x444d_4163] {
+                return None;
+            }
+            let eax = __cpuid(1).eax;
+            let base = (eax >> 8) & 0xf;
+            Some(if base == 0xf {
+                base + ((eax >> 20) & 0xff)
+            } else {
+                base
+            })
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
-    false
+    None
+}
+
+/// Whether this CPU runs 512-bit operations as two 256-bit halves: AMD's family 19h with
+/// AVX-512, Zen 4 (Zen 3, the same family, has none; Zen 5, family 1Ah, has 512-bit pipes
+/// in its server parts).
+fn runs_512_bit_as_halves() -> bool {
+    amd_family() == Some(0x19)
 }
 
 /// `isa` as a target for this CPU (which must run it).
