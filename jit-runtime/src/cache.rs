@@ -1,5 +1,6 @@
-//! The kernel cache: one compiled kernel per (spec, target, schedule), shared by all
-//! threads. Concurrent first requests for one key compile it once; the others wait for it.
+//! The kernel cache of one `Jit`: one compiled kernel per (spec, schedule) for the JIT's
+//! one target, shared by all threads. Concurrent first requests for one key compile it
+//! once; the others wait for it.
 //!
 //! A hit is the common case and must cost tens of nanoseconds, so compiled kernels also sit
 //! in a read-mostly map (a shared read lock, a fast non-cryptographic hash: the keys are
@@ -11,12 +12,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use rustc_hash::FxHashMap;
-use smallgemm_ir::{GemmSpec, Schedule, Target};
+use smallgemm_ir::{GemmSpec, Schedule};
 
 use crate::kernel::Kernel;
 use crate::Error;
 
-type Key = (GemmSpec, Target, Option<Schedule>);
+// The target is the JIT's, the same for every key: kept out, a hit compares less.
+type Key = (GemmSpec, Option<Schedule>);
 type Slot = Arc<OnceLock<Result<Arc<Kernel>, Error>>>;
 
 thread_local! {

@@ -175,7 +175,7 @@ impl Jit {
     /// if the tuning database has one that fits, else with the planner's.
     pub fn kernel(&self, spec: &GemmSpec) -> Result<Arc<Kernel>, Error> {
         let target = self.target;
-        self.cache.get_or_compile((*spec, target, None), || {
+        self.cache.get_or_compile((*spec, None), || {
             let tuned = self.tuning.lookup(target.isa, spec);
             match tuned.map(|s| Kernel::compile(spec, target, Some(&s), true)) {
                 Some(Ok(kernel)) => Ok(kernel),
@@ -190,10 +190,9 @@ impl Jit {
         spec: &GemmSpec,
         schedule: &Schedule,
     ) -> Result<Arc<Kernel>, Error> {
-        self.cache
-            .get_or_compile((*spec, self.target, Some(*schedule)), || {
-                Kernel::compile(spec, self.target, Some(schedule), false)
-            })
+        self.cache.get_or_compile((*spec, Some(*schedule)), || {
+            Kernel::compile(spec, self.target, Some(schedule), false)
+        })
     }
 
     /// How many kernels this JIT has compiled (cache misses).
