@@ -52,7 +52,8 @@ pub fn default_path() -> Option<PathBuf> {
 /// --candidates 32 --reps 31`, and the same with `--sizes none --small-k`, on the
 /// development machines (see `jit-runtime/tuning/`): an Intel Xeon (every shape), and an AMD
 /// EPYC (Zen 4) where only the winners that `smallgemm bench` confirmed against the
-/// planner in two alternated runs were kept (docs/perf-notes.md, eighth session).
+/// planner in three alternated runs were kept, f64 3x3x3 and 4x4x4 (docs/perf-notes.md,
+/// ninth session).
 pub fn shipped() -> &'static TuningDb {
     shipped_shared()
 }
