@@ -414,7 +414,9 @@ impl<'a> Emitter<'a> {
             .map_or(0, |d| d.lanes as usize);
         let elt = self.program.dtype.size();
         let bytes = lanes * elt;
-        if bytes < self.width {
+        // The whole vector's width, not a Narrow prefix's: a tail that fills its narrowed
+        // vector exactly is still a plain move.
+        if bytes < self.program.vector_bytes() {
             let evex = self.isa == Isa::Avx512;
             let n = vector_number(reg);
             let small = n < 16;

@@ -651,11 +651,12 @@ impl Lowering<'_> {
         let a_regs: Vec<VReg> = (0..rb.vectors).map(|v| self.temp(v)).collect();
         let a_reg = |v: usize| a_regs[v];
         for v in 0..rb.vectors {
-            out.push(Op::Load {
+            let load = Op::Load {
                 dst: a_reg(v),
                 addr: addr(a.plus(self.vector_offset(rb, v)))?,
                 mask: self.mask_for(rb, v),
-            });
+            };
+            push_at(out, self.narrow_bytes(rb, v), load);
         }
         let b_col = self.b_col_bytes();
         if self.b_operand == BOperand::VectorsAlongN {
@@ -845,11 +846,12 @@ impl Lowering<'_> {
         if loads_first {
             for j in 0..cols {
                 for v in 0..rb.vectors {
-                    out.push(Op::Load {
+                    let load = Op::Load {
                         dst: old_at(v, j).expect("C is read"),
                         addr: at(v, j)?,
                         mask: self.mask_for(rb, v),
-                    });
+                    };
+                    push_at(out, self.narrow_bytes(rb, v), load);
                 }
             }
             self.vregs_used = self.vregs_used.max(first_free + rb.vectors * cols);
@@ -867,11 +869,12 @@ impl Lowering<'_> {
             }
             for j in 0..cols {
                 for v in 0..rb.vectors {
-                    out.push(Op::Store {
+                    let store = Op::Store {
                         addr: at(v, j)?,
                         src: self.acc(v, j),
                         mask: self.mask_for(rb, v),
-                    });
+                    };
+                    push_at(out, self.narrow_bytes(rb, v), store);
                 }
             }
             return Ok(());
@@ -994,11 +997,14 @@ pub(crate) fn finish_vector(
         }
         Some((t, loaded)) => {
             if !loaded {
-                out.push(Op::Load {
-                    dst: t,
-                    addr: at,
-                    mask,
-                });
+                arith(
+                    out,
+                    Op::Load {
+                        dst: t,
+                        addr: at,
+                        mask,
+                    },
+                );
             }
             if let Some(bv) = beta_v {
                 arith(
@@ -1044,11 +1050,14 @@ pub(crate) fn finish_vector(
             }
         }
     };
-    out.push(Op::Store {
-        addr: at,
-        src: result,
-        mask,
-    });
+    arith(
+        out,
+        Op::Store {
+            addr: at,
+            src: result,
+            mask,
+        },
+    );
 }
 
 /// r = alpha * r + beta * C, with C read from `at` into the temporary `t`: unlike
@@ -1076,11 +1085,15 @@ fn fold_old_c(
             },
         );
     }
-    out.push(Op::Load {
-        dst: t,
-        addr: at,
-        mask,
-    });
+    push_at(
+        out,
+        narrow,
+        Op::Load {
+            dst: t,
+            addr: at,
+            mask,
+        },
+    );
     let fold = match (beta, scalars.beta) {
         (_, Some(bv)) => Op::Fma {
             acc: r,
