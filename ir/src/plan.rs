@@ -145,21 +145,31 @@ fn matrix_bytes(problem: &ColMajorProblem) -> usize {
 
 /// Whether a variant of the kernel for `problem` that prefetches the next matrices
 /// (`Schedule::prefetch`) pays for batches that stream from memory: strided batches (the
-/// next matrix is a constant distance away) of matrices large enough, on x86 (on AArch64
-/// `prfm`'s offsets do not reach the next matrix). Not for batches that sit in cache: there
-/// the prefetches cost about 10% (measured, f64 n = 12..32, batch in L2), so the planner's
-/// schedules do not prefetch and the runtime picks the variant by the size of the batch.
+/// next matrix is a constant distance away) of matrices large enough, on x86 CPUs where
+/// prefetching pays at all ([`Target::software_prefetch`]; on AArch64 `prfm`'s offsets do
+/// not reach the next matrix). Not for batches that sit in cache: there the prefetches cost
+/// about 10% (measured, f64 n = 12..32, batch in L2), so the planner's schedules do not
+/// prefetch and the runtime picks the variant by the size of the batch.
 pub fn prefetch_pays(problem: &ColMajorProblem, target: Target) -> bool {
     problem.batch_form == BatchForm::Strided
         && target.isa != Isa::Neon
+        && target.software_prefetch
         && matrix_bytes(problem) >= PREFETCH_MIN_BYTES
 }
 
-/// Whether batches of `problem` that stream from memory run a variant of the kernel
-/// compiled from `hot` ([`plan_streaming`]): where prefetching pays, and for the small
-/// matrices that `hot` lane-packs where a plain register block takes over (see
-/// [`streaming_block`]). With `reblock` false (a schedule the caller chose keeps its
-/// blocking) only where prefetching pays.
+/// Whether the streaming variant re-blocks `hot` as tall as m ([`plan_streaming`]):
+/// matrices of [`TALL_MIN_BYTES`] or more on x86 (measured there only).
+fn reblocks_tall(problem: &ColMajorProblem, target: Target, hot: &Schedule) -> bool {
+    !hot.lane_pack && target.isa != Isa::Neon && matrix_bytes(problem) >= TALL_MIN_BYTES
+}
+
+/// Whether batches of `problem` that stream from memory may run a variant of the kernel
+/// compiled from `hot` ([`plan_streaming`]): where prefetching pays, where the variant
+/// re-blocks as tall as m, and for the small matrices that `hot` lane-packs where a plain
+/// register block takes over (see [`streaming_block`]). With `reblock` false (a schedule the
+/// caller chose keeps its blocking) only where prefetching pays. The variant's schedule may
+/// still come out as `hot` itself (a tall block that is `hot`'s); its caller then runs
+/// `hot`'s code.
 pub fn streams_differently(
     problem: &ColMajorProblem,
     target: Target,
@@ -169,8 +179,8 @@ pub fn streams_differently(
     prefetch_pays(problem, target)
         || (reblock
             && problem.batch_form == BatchForm::Strided
-            && hot.lane_pack
-            && streaming_block(problem, target).is_some())
+            && (reblocks_tall(problem, target, hot)
+                || (hot.lane_pack && streaming_block(problem, target).is_some())))
 }
 
 /// The register block that streams the small matrices a hot schedule lane-packs
@@ -212,22 +222,21 @@ const STREAM_COLS: usize = 6;
 const STREAM_COST_SLACK: f64 = 0.10;
 
 /// The schedule of the variant that runs batches streaming from memory (see
-/// [`streams_differently`]): `hot`'s, prefetching, but for matrices of [`TALL_MIN_BYTES`] or more
-/// with register blocks as tall as all of m where the registers allow. Such blocks walk B
+/// [`streams_differently`]): `hot`'s, prefetching where that pays ([`prefetch_pays`]), but
+/// for matrices of [`TALL_MIN_BYTES`] or more with register blocks as tall as all of m where
+/// the registers allow. Such blocks walk B
 /// and C once, column block after column block, and A once before its lines sit in L1,
 /// each in ascending addresses; blocks a vector tall touch A's lines a few apart in each
 /// of several passes and B once per pass, which the hardware prefetchers and the
 /// one-trip-ahead prefetches follow less well (measured, f64 32x32x32 from DRAM, one thread: 0.68-0.82x LIBXSMM with the hot
 /// schedule's 1x8 blocks, 0.97-1.15x with 4x6 ones).
 pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule) -> Schedule {
-    let prefetching = Schedule {
-        prefetch: true,
-        ..*hot
-    };
+    let prefetch = prefetch_pays(problem, target);
+    let prefetching = Schedule { prefetch, ..*hot };
     if hot.lane_pack {
         return streaming_block(problem, target).unwrap_or(prefetching);
     }
-    if matrix_bytes(problem) < TALL_MIN_BYTES {
+    if !reblocks_tall(problem, target, hot) {
         return prefetching;
     }
     let lanes = hot.lanes(target, problem.dtype);
@@ -238,7 +247,7 @@ pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule)
         unroll_n_blocks: true,
         batch_unroll: 0,
         interleave: false,
-        prefetch: true,
+        prefetch,
         ..*hot
     };
     let candidates: Vec<(f64, Schedule)> = (1..=problem.n)
@@ -462,6 +471,43 @@ mod tests {
                         expected,
                         "{isa:?} {spec:?}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Where prefetching does not pay (Zen 4), the streaming variants never prefetch, and a
+    /// batch streams differently exactly where they re-block: lane-packed small matrices
+    /// and tall blocks from TALL_MIN_BYTES; on the other x86 target, from
+    /// PREFETCH_MIN_BYTES, with prefetches.
+    #[test]
+    fn streaming_variants_prefetch_only_where_it_pays() {
+        for dtype in [Dtype::F64, Dtype::F32] {
+            for n in 2..=32 {
+                let spec = GemmSpec::builder(dtype, n, n, n).build().unwrap();
+                let problem = spec.col_major();
+                let bytes = matrix_bytes(&problem);
+                for target in [Target::AVX512, Target::AVX512_HALVES] {
+                    let hot = plan(&problem, target);
+                    let streaming = plan_streaming(&problem, target, &hot);
+                    let pays = target.software_prefetch && bytes >= PREFETCH_MIN_BYTES;
+                    assert_eq!(prefetch_pays(&problem, target), pays, "{spec:?} {target}");
+                    assert_eq!(streaming.prefetch, pays, "{spec:?} {target}");
+                    let reblocks = (hot.lane_pack && streaming_block(&problem, target).is_some())
+                        || (!hot.lane_pack && bytes >= TALL_MIN_BYTES);
+                    assert_eq!(
+                        streams_differently(&problem, target, &hot, true),
+                        pays || reblocks,
+                        "{spec:?} {target}"
+                    );
+                    assert_eq!(
+                        streams_differently(&problem, target, &hot, false),
+                        pays,
+                        "{spec:?} {target}"
+                    );
+                    if !pays && !reblocks {
+                        assert_eq!(streaming, hot, "{spec:?} {target}");
+                    }
                 }
             }
         }

@@ -156,12 +156,12 @@ pub enum Op {
     StoreConst { value: f64, addr: Addr },
     /// dst = the 64-bit address stored at addr (pointer-array batches).
     LoadAddress { dst: Gpr, addr: Addr },
-    /// A prefix: the next operation (arithmetic: Fma, FmaBroadcast, Add, Sub, Mul; or an
-    /// unmasked Load) works on the low `bytes` of its registers only (x86: an xmm or ymm
-    /// instruction in a zmm or ymm kernel): the vectors of a row block's tail, whose upper
-    /// lanes hold nothing the kernel stores. Lanes of a destination above `bytes` are
-    /// undefined afterwards, except that an unmasked Load reads `bytes` and clears the lanes
-    /// above (lane-packed kernels gather B this way). A prefix rather than a container: tail
+    /// A prefix: the next operation (arithmetic: Fma, FmaBroadcast, Add, Sub, Mul; or a Load
+    /// or Store, masked or not) works on the low `bytes` of its registers only (x86: an xmm
+    /// or ymm instruction in a zmm or ymm kernel): the vectors of a row block's tail, whose
+    /// upper lanes hold nothing the kernel stores. Lanes of a destination above `bytes` are
+    /// undefined afterwards, except that a Load reads at most `bytes` (its mask's lanes, if
+    /// it has one) and clears the lanes above (lane-packed kernels gather B this way). A prefix rather than a container: tail
     /// kernels narrow every other operation, and a body per operation made compiling them a
     /// third slower. It must be followed by an operation in the same body, not by a Loop or
     /// another Narrow.

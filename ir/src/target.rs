@@ -71,22 +71,36 @@ pub struct Target {
     /// ninth session).
     #[serde(default)]
     pub halves_512: bool,
+    /// Prefetching the next matrices (`prefetcht0`, one trip ahead) speeds up batches that
+    /// stream from memory ([`crate::prefetch_pays`]). True on the Intel Xeons measured; false
+    /// on AMD Zen 4, where the streaming variants ran up to 47% faster without the
+    /// prefetches and never more than 3% slower (docs/perf-notes.md, eighth and ninth
+    /// sessions).
+    #[serde(default = "prefetching_pays_by_default")]
+    pub software_prefetch: bool,
+}
+
+fn prefetching_pays_by_default() -> bool {
+    true
 }
 
 impl Target {
     pub const AVX2: Target = Target::new(Isa::Avx2);
     pub const AVX512: Target = Target::new(Isa::Avx512);
     pub const NEON: Target = Target::new(Isa::Neon);
-    /// AVX-512 on a core that runs it as two 256-bit halves (AMD Zen 4).
+    /// AVX-512 on AMD Zen 4: 512-bit operations run as two 256-bit halves, and prefetching
+    /// the next matrices does not pay.
     pub const AVX512_HALVES: Target = Target {
         isa: Isa::Avx512,
         halves_512: true,
+        software_prefetch: false,
     };
 
     pub const fn new(isa: Isa) -> Target {
         Target {
             isa,
             halves_512: false,
+            software_prefetch: true,
         }
     }
 
@@ -218,8 +232,15 @@ impl Target {
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.isa.name())?;
-        if self.halves_512 {
-            f.write_str(" (512-bit halves)")?;
+        let notes: Vec<&str> = [
+            (self.halves_512, "512-bit halves"),
+            (!self.software_prefetch, "no software prefetch"),
+        ]
+        .into_iter()
+        .filter_map(|(on, note)| on.then_some(note))
+        .collect();
+        if !notes.is_empty() {
+            write!(f, " ({})", notes.join(", "))?;
         }
         Ok(())
     }

@@ -38,8 +38,8 @@ pub fn supported_isas() -> Vec<Isa> {
 /// columns alone, and the extra loads only compete with them. Ninth session, same VM:
 /// `prefetcht0` one, two or four trips ahead lost again (f64 12..32, geomean over LIBXSMM
 /// 0.79-1.00x against 1.15-1.24x without), `prefetcht1` / `prefetcht2` one trip ahead won
-/// nowhere reliably. Any AMD CPU (CPUID's vendor).
-pub(crate) fn software_prefetch_pays() -> bool {
+/// nowhere reliably. Any AMD CPU (CPUID's vendor). Sets [`Target::software_prefetch`].
+fn software_prefetch_pays() -> bool {
     amd_family().is_none()
 }
 
@@ -135,6 +135,7 @@ fn runs_512_bit_as_halves() -> bool {
 fn target(isa: Isa) -> Target {
     Target {
         halves_512: isa == Isa::Avx512 && runs_512_bit_as_halves(),
+        software_prefetch: software_prefetch_pays(),
         ..Target::new(isa)
     }
 }

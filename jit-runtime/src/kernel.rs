@@ -267,20 +267,18 @@ impl Kernel {
         }
     }
 
-    /// The schedule of the variant for batches that stream from memory: prefetching only
-    /// on CPUs where that pays ([`crate::cpu::software_prefetch_pays`]).
+    /// The schedule of the variant for batches that stream from memory: re-blocked
+    /// ([`smallgemm_ir::plan_streaming`]) unless the caller chose the schedule, prefetching
+    /// where that pays ([`smallgemm_ir::prefetch_pays`]).
     fn streaming_schedule(&self) -> Schedule {
-        let s = if self.stream_blocks {
-            smallgemm_ir::plan_streaming(&self.spec.col_major(), self.target, &self.schedule)
+        let problem = self.spec.col_major();
+        if self.stream_blocks {
+            smallgemm_ir::plan_streaming(&problem, self.target, &self.schedule)
         } else {
             Schedule {
-                prefetch: true,
+                prefetch: smallgemm_ir::prefetch_pays(&problem, self.target),
                 ..self.schedule
             }
-        };
-        Schedule {
-            prefetch: s.prefetch && crate::cpu::software_prefetch_pays(),
-            ..s
         }
     }
 
