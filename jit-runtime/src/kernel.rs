@@ -206,10 +206,11 @@ impl Kernel {
     }
 
     /// Whether a call on `batch` matrices runs the variant for batches that stream from
-    /// memory: strided batches larger than this core's L2 cache, of matrices for which it
-    /// pays ([`smallgemm_ir::streams_differently`]: prefetching, or a plain block instead of
-    /// lane packing). Batches that sit in cache run without prefetches, which would cost
-    /// them about 10%.
+    /// memory: strided batches larger than this core's L2 cache, of matrices for which one
+    /// may pay ([`smallgemm_ir::streams_differently`]: prefetching, blocks as tall as m, or
+    /// a plain block instead of lane packing). Where the variant's schedule comes out as the
+    /// kernel's own, the call runs the kernel's code. Batches that sit in cache run without
+    /// prefetches, which would cost them about 10%.
     pub fn streams(&self, batch: usize) -> bool {
         batch >= self.streaming_batch
     }
