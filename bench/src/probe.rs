@@ -48,11 +48,17 @@ pub const STEP_BYTES: usize = 256;
 /// FMA-loop iterations per call of [`fma_loop`]: about 0.1 ms on a 2+ GHz core.
 const FMA_ITERS: u64 = 20_000;
 
-/// Runs the register-only FMA loop once; returns the floating-point operations it did.
-/// Twelve independent accumulators cover the FMA latency on two ports.
+/// The floating-point operations of one call of [`fma_loop`]: twelve FMAs of `isa`'s
+/// vectors per iteration.
+pub fn fma_loop_flops(isa: Isa, dtype: Dtype) -> f64 {
+    let lanes = smallgemm::Target::new(isa).vector_bytes() / dtype.size();
+    FMA_ITERS as f64 * 12.0 * lanes as f64 * 2.0
+}
+
+/// Runs the register-only FMA loop once; returns the floating-point operations it did
+/// ([`fma_loop_flops`]). Twelve independent accumulators cover the FMA latency on two ports.
 pub fn fma_loop(isa: Isa, dtype: Dtype) -> Result<f64, String> {
     check_isa(isa)?;
-    let lanes = smallgemm::Target::new(isa).vector_bytes() / dtype.size();
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: the ISA is supported by this CPU (checked); the asm touches only the
@@ -71,11 +77,11 @@ pub fn fma_loop(isa: Isa, dtype: Dtype) -> Result<f64, String> {
                 _ => return Err(format!("no FMA probe for {}", isa.name())),
             }
         }
-        Ok(FMA_ITERS as f64 * 12.0 * lanes as f64 * 2.0)
+        Ok(fma_loop_flops(isa, dtype))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = lanes;
+        let _ = dtype;
         Err("the FMA probe needs x86-64".into())
     }
 }

@@ -434,12 +434,12 @@ fn measure_limits(
             .map(|s| s.map_decreasing(|secs| per_call / secs / 1e9))
             .ok_or_else(|| "no probe samples".to_string())
     };
-    let flops = probe::fma_loop(isa, Dtype::F64)? * threads as f64;
+    let flops = probe::fma_loop_flops(isa, Dtype::F64) * threads as f64;
     let peak_f64 = rate(
         time_parallel(threads, t, |_| probe::fma_loop(isa, Dtype::F64).map(drop))?,
         flops,
     )?;
-    let flops = probe::fma_loop(isa, Dtype::F32)? * threads as f64;
+    let flops = probe::fma_loop_flops(isa, Dtype::F32) * threads as f64;
     let peak_f32 = rate(
         time_parallel(threads, t, |_| probe::fma_loop(isa, Dtype::F32).map(drop))?,
         flops,
@@ -734,7 +734,7 @@ impl Runner<'_, '_> {
         // 62 GFLOP/s against a peak of 58 on the AMD VM of the ninth session).
         let bandwidth = probe_bytes / stats::median(&probe_seconds).ok_or("no probe samples")?;
         let memory = flops / (bytes / bandwidth) / 1e9;
-        let fma_flops = probe::fma_loop(isa, T::DTYPE)? * threads as f64;
+        let fma_flops = probe::fma_loop_flops(isa, T::DTYPE) * threads as f64;
         let fma_time = stats::median(&fma_seconds).ok_or("no probe samples")?;
         let peak = fma_flops / fma_time / 1e9;
         let bound = if peak <= memory {

@@ -66,9 +66,9 @@ pub struct EmitArgs {
     /// Instruction set to generate for (this CPU need not run it).
     #[arg(long)]
     isa: Isa,
-    /// Plan for a core that runs 512-bit operations as two 256-bit halves (AMD Zen 4, what
-    /// the JIT detects there): tails narrow also in blocks of their own, and the cost model
-    /// counts a zmm FMA as two. With --isa avx512 only.
+    /// Generate for AMD Zen 4's target, as the JIT detects it there (`Target::AVX512_HALVES`:
+    /// 512-bit operations run as two 256-bit halves, so tails narrow also in blocks of
+    /// their own). With --isa avx512 only.
     #[arg(long)]
     halves_512: bool,
     #[arg(long, value_enum, default_value = "asm")]
@@ -158,9 +158,10 @@ pub fn emit(args: &EmitArgs) -> Result<ExitCode, String> {
     if args.halves_512 && args.isa != Isa::Avx512 {
         return Err("--halves-512 applies to --isa avx512 only".into());
     }
-    let target = Target {
-        halves_512: args.halves_512,
-        ..Target::new(args.isa)
+    let target = if args.halves_512 {
+        Target::AVX512_HALVES
+    } else {
+        Target::new(args.isa)
     };
     let abi = match object_target {
         Some(t) if t.is_windows() => Abi::Windows,

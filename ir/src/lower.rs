@@ -979,12 +979,13 @@ pub(crate) fn finish_vector(
     scalars: EpilogueScalars,
     narrow: Option<u32>,
 ) {
-    let arith = |out: &mut Vec<Op>, op: Op| push_at(out, narrow, op);
+    // The tail vector's operations, its moves included, at its narrowed width.
+    let narrowed = |out: &mut Vec<Op>, op: Op| push_at(out, narrow, op);
     let (alpha_v, beta_v) = (scalars.alpha, scalars.beta);
     let result = match old {
         None => {
             if let Some(av) = alpha_v {
-                arith(
+                narrowed(
                     out,
                     Op::Mul {
                         dst: r,
@@ -997,7 +998,7 @@ pub(crate) fn finish_vector(
         }
         Some((t, loaded)) => {
             if !loaded {
-                arith(
+                narrowed(
                     out,
                     Op::Load {
                         dst: t,
@@ -1007,7 +1008,7 @@ pub(crate) fn finish_vector(
                 );
             }
             if let Some(bv) = beta_v {
-                arith(
+                narrowed(
                     out,
                     Op::Mul {
                         dst: t,
@@ -1019,7 +1020,7 @@ pub(crate) fn finish_vector(
             match (beta, alpha_v) {
                 (Scalar::MinusOne, av) => {
                     if let Some(av) = av {
-                        arith(
+                        narrowed(
                             out,
                             Op::Mul {
                                 dst: r,
@@ -1028,11 +1029,11 @@ pub(crate) fn finish_vector(
                             },
                         );
                     }
-                    arith(out, Op::Sub { dst: r, a: r, b: t });
+                    narrowed(out, Op::Sub { dst: r, a: r, b: t });
                     r
                 }
                 (_, Some(av)) => {
-                    arith(
+                    narrowed(
                         out,
                         Op::Fma {
                             acc: t,
@@ -1044,13 +1045,13 @@ pub(crate) fn finish_vector(
                     t
                 }
                 (_, None) => {
-                    arith(out, Op::Add { dst: r, a: r, b: t });
+                    narrowed(out, Op::Add { dst: r, a: r, b: t });
                     r
                 }
             }
         }
     };
-    arith(
+    narrowed(
         out,
         Op::Store {
             addr: at,

@@ -224,12 +224,12 @@ const STREAM_COST_SLACK: f64 = 0.10;
 /// The schedule of the variant that runs batches streaming from memory (see
 /// [`streams_differently`]): `hot`'s, prefetching where that pays ([`prefetch_pays`]), but
 /// for matrices of [`TALL_MIN_BYTES`] or more with register blocks as tall as all of m where
-/// the registers allow. Such blocks walk B
-/// and C once, column block after column block, and A once before its lines sit in L1,
-/// each in ascending addresses; blocks a vector tall touch A's lines a few apart in each
-/// of several passes and B once per pass, which the hardware prefetchers and the
-/// one-trip-ahead prefetches follow less well (measured, f64 32x32x32 from DRAM, one thread: 0.68-0.82x LIBXSMM with the hot
-/// schedule's 1x8 blocks, 0.97-1.15x with 4x6 ones).
+/// the registers allow. Such blocks walk B and C once, column block after column block, and
+/// A once before its lines sit in L1, each in ascending addresses; blocks a vector tall
+/// touch A's lines a few apart in each of several passes and B once per pass, which the
+/// hardware prefetchers and the one-trip-ahead prefetches follow less well (measured, f64
+/// 32x32x32 from DRAM, one thread: 0.68-0.82x LIBXSMM with the hot schedule's 1x8 blocks,
+/// 0.97-1.15x with 4x6 ones).
 pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule) -> Schedule {
     let prefetch = prefetch_pays(problem, target);
     let prefetching = Schedule { prefetch, ..*hot };

@@ -161,9 +161,9 @@ pub enum Op {
     /// or ymm instruction in a zmm or ymm kernel): the vectors of a row block's tail, whose
     /// upper lanes hold nothing the kernel stores. Lanes of a destination above `bytes` are
     /// undefined afterwards, except that a Load reads at most `bytes` (its mask's lanes, if
-    /// it has one) and clears the lanes above (lane-packed kernels gather B this way). A prefix rather than a container: tail
-    /// kernels narrow every other operation, and a body per operation made compiling them a
-    /// third slower. It must be followed by an operation in the same body, not by a Loop or
+    /// it has one) and clears the lanes above (lane-packed kernels gather B this way). A
+    /// prefix rather than a container: tail kernels narrow every other operation, and a body
+    /// per operation made compiling them a third slower. It must be followed by an operation in the same body, not by a Loop or
     /// another Narrow.
     Narrow { bytes: u32 },
     /// A hint: start bringing the cache line at addr into the core's caches (x86
