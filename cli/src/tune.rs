@@ -191,7 +191,7 @@ fn describe(s: &Schedule) -> String {
         );
     }
     format!(
-        "{}x{} block, k {}{}{}",
+        "{}x{} block, k {}{}{}{}",
         s.m_vectors,
         s.n_cols,
         if s.k_unroll == 0 {
@@ -200,7 +200,8 @@ fn describe(s: &Schedule) -> String {
             format!("loop by {}", s.k_unroll)
         },
         if s.unroll_m_blocks { "" } else { ", m loop" },
-        if s.unroll_n_blocks { "" } else { ", n loop" }
+        if s.unroll_n_blocks { "" } else { ", n loop" },
+        if s.dot_tail { ", dot-product tail" } else { "" }
     )
 }
 
@@ -254,6 +255,7 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
                 };
                 s.split_tail = split_tail;
                 s.lane_pack = false;
+                s.dot_tail = false;
                 s.m_vectors = m_vectors;
                 s.n_cols = n_cols;
                 s.k_unroll = 0;
@@ -287,6 +289,21 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
     space.sort_by(|a, b| {
         estimated_cycles(&problem, target, a).total_cmp(&estimated_cycles(&problem, target, b))
     });
+    // The last row as dot products beside the three best blocks, where that applies:
+    // the cost model does not weigh it (the planner's rule is a count of FMAs saved).
+    let dot_tails: Vec<Schedule> = space
+        .iter()
+        .filter(|s| s.vector_bytes == 0 && !s.split_tail)
+        .map(|&s| Schedule {
+            dot_tail: true,
+            batch_unroll: 0,
+            interleave: false,
+            ..s
+        })
+        .filter(|s| s.validate(&problem, target).is_ok())
+        .take(3)
+        .collect();
+    space.splice(0..0, dot_tails);
     let packed = smallgemm_ir::lane_pack::plan(&problem, target).map(|(_, s)| s);
     let packed: Vec<Schedule> = packed
         .into_iter()

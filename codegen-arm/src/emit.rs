@@ -432,6 +432,10 @@ impl<'a> Emitter<'a> {
             | Op::PermuteVar { .. } => {
                 return Err(EmitError::Unsupported("lane-packed kernels"));
             }
+            // Dot-product tails are AVX-512 only (`Schedule::validate` refuses NEON).
+            Op::TransposeAdd { .. } => {
+                return Err(EmitError::Unsupported("dot-product tails"));
+            }
             Op::Broadcast { dst, addr } => {
                 let t = self.v(dst)?;
                 let at = self.address(addr)?;

@@ -1,7 +1,10 @@
 //! Program → x86-64 instructions, one match arm per operation.
 
 use iced_x86::Register;
-use smallgemm_ir::{narrowed_ops, Addr, Dtype, Isa, Op, Program, Target, Trips, VReg};
+use smallgemm_ir::{
+    narrowed_ops, transpose_add_shuffles, Addr, Dtype, Isa, Op, Program, Shuffle, Target, Trips,
+    VReg,
+};
 
 use smallgemm_ir::MachineCode;
 
@@ -166,6 +169,26 @@ fn insert_form(isa: Isa, dtype: Dtype, bytes: usize) -> Option<VForm> {
         (Dtype::F32, 32 | 64, true) => Some(EVEX_VINSERTF32X4_ZMM_M128.with_width(bytes)),
         (Dtype::F64, 64, true) => Some(EVEX_VINSERTF64X4_ZMM_M256),
         _ => None,
+    }
+}
+
+/// The (lo, hi) shuffles of a transpose-add (`Op::TransposeAdd`), which exists for 512-bit
+/// f32 and f64 vectors on AVX-512 only, with a temporary apart from its sources (the
+/// second shuffle reads them after the first wrote it). Both emitters ask here.
+pub(crate) fn transpose_add(
+    isa: Isa,
+    program: &Program,
+    dst: VReg,
+    a: VReg,
+    b: VReg,
+    tmp: VReg,
+    width: u8,
+) -> Result<[Shuffle; 2], EmitError> {
+    let wide = program.vector_bytes() == 64;
+    let shuffles = transpose_add_shuffles(program.dtype.size(), width as usize);
+    match shuffles {
+        Some(s) if isa == Isa::Avx512 && wide && tmp != a && tmp != b && tmp != dst => Ok(s),
+        _ => Err(EmitError::Unsupported("this transpose-add", isa)),
     }
 }
 
@@ -342,6 +365,9 @@ impl<'a> Emitter<'a> {
                 self.op(op)?;
                 continue;
             };
+            if let Op::TransposeAdd { .. } = op {
+                return Err(EmitError::Unsupported("a narrowed transpose-add", self.isa));
+            }
             let narrow = self.narrow_forms(bytes as usize)?;
             let full = std::mem::replace(&mut self.forms, narrow);
             let result = self.op(op);
@@ -592,6 +618,31 @@ impl<'a> Emitter<'a> {
             }
             Op::FmaLane { .. } => {
                 return Err(EmitError::Unsupported("FMA by element", self.isa));
+            }
+            Op::TransposeAdd {
+                dst,
+                a,
+                b,
+                tmp,
+                width,
+            } => {
+                let [lo, hi] = transpose_add(self.isa, self.program, dst, a, b, tmp, width)?;
+                let (dst, a, b, tmp) = (self.v(dst)?, self.v(a)?, self.v(b)?, self.v(tmp)?);
+                for (shuffle, to) in [(hi, tmp), (lo, dst)] {
+                    let (form, imm) = match (shuffle, dtype) {
+                        (Shuffle::Blocks(imm), Dtype::F64) => (enc::EVEX_VSHUFF64X2_ZMM_IMM8, imm),
+                        (Shuffle::Blocks(imm), _) => (enc::EVEX_VSHUFF32X4_ZMM_IMM8, imm),
+                        (Shuffle::Elements(imm), Dtype::F64) => (enc::EVEX_VSHUFPD_ZMM_IMM8, imm),
+                        (Shuffle::Elements(imm), _) => (enc::EVEX_VSHUFPS_ZMM_IMM8, imm),
+                    };
+                    self.asm
+                        .vec_imm8(form, to, a, Rm::Reg(b), Evex::default(), imm);
+                }
+                let add = match dtype {
+                    Dtype::F64 => enc::EVEX_VADDPD_ZMM,
+                    _ => enc::EVEX_VADDPS_ZMM,
+                };
+                self.vec(add, dst, dst, Rm::Reg(tmp));
             }
             Op::Add { dst, a, b } => {
                 let (dst, a, b) = (self.v(dst)?, self.v(a)?, self.v(b)?);

@@ -4,7 +4,7 @@
 use iced_x86::code_asm::registers::{xmm as xmm_regs, ymm, zmm};
 use iced_x86::code_asm::{qword_ptr, xmmword_ptr, ymmword_ptr, CodeAssembler, CodeLabel};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
-use smallgemm_ir::{narrowed_ops, Addr, Dtype, Isa, Op, Program, Trips, VReg};
+use smallgemm_ir::{narrowed_ops, Addr, Dtype, Isa, Op, Program, Shuffle, Trips, VReg};
 
 use smallgemm_ir::MachineCode;
 
@@ -355,6 +355,9 @@ impl<'a> Emitter<'a> {
                 self.op(op)?;
                 continue;
             };
+            if let Op::TransposeAdd { .. } = op {
+                return Err(EmitError::Unsupported("a narrowed transpose-add", self.isa));
+            }
             let narrow = forms(self.isa, self.program.dtype, bytes as usize)?;
             let full = std::mem::replace(&mut self.forms, narrow);
             let width = std::mem::replace(&mut self.width, bytes as usize);
@@ -640,6 +643,39 @@ impl<'a> Emitter<'a> {
             }
             Op::FmaLane { .. } => {
                 return Err(EmitError::Unsupported("FMA by element", self.isa));
+            }
+            Op::TransposeAdd {
+                dst,
+                a,
+                b,
+                tmp,
+                width,
+            } => {
+                let [lo, hi] =
+                    crate::emit::transpose_add(self.isa, self.program, dst, a, b, tmp, width)?;
+                let (dst, a, b, tmp) = (self.v(dst)?, self.v(a)?, self.v(b)?, self.v(tmp)?);
+                for (shuffle, to) in [(hi, tmp), (lo, dst)] {
+                    let (code, imm) = match (shuffle, dtype) {
+                        (Shuffle::Blocks(imm), Dtype::F64) => {
+                            (Code::EVEX_Vshuff64x2_zmm_k1z_zmm_zmmm512b64_imm8, imm)
+                        }
+                        (Shuffle::Blocks(imm), _) => {
+                            (Code::EVEX_Vshuff32x4_zmm_k1z_zmm_zmmm512b32_imm8, imm)
+                        }
+                        (Shuffle::Elements(imm), Dtype::F64) => {
+                            (Code::EVEX_Vshufpd_zmm_k1z_zmm_zmmm512b64_imm8, imm)
+                        }
+                        (Shuffle::Elements(imm), _) => {
+                            (Code::EVEX_Vshufps_zmm_k1z_zmm_zmmm512b32_imm8, imm)
+                        }
+                    };
+                    self.add(Instruction::with4(code, to, a, b, imm as u32)?)?;
+                }
+                let add = match dtype {
+                    Dtype::F64 => Code::EVEX_Vaddpd_zmm_k1z_zmm_zmmm512b64_er,
+                    _ => Code::EVEX_Vaddps_zmm_k1z_zmm_zmmm512b32_er,
+                };
+                self.add(Instruction::with3(add, dst, dst, tmp)?)?;
             }
             Op::Add { dst, a, b } => self.add(Instruction::with3(
                 add,

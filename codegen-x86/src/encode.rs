@@ -197,6 +197,12 @@ pub(crate) const EVEX_VPERMPS_ZMM: VForm = evex(2, 1, false, 2, 0x16, 64);
 pub(crate) const EVEX_VPMOVZXBD_ZMM_M128: VForm = evex(2, 1, false, 2, 0x31, 16);
 pub(crate) const EVEX_VPERMPD_ZMM: VForm = evex(2, 1, true, 2, 0x16, 64);
 pub(crate) const EVEX_VPMOVZXBQ_ZMM_M64: VForm = evex(2, 1, false, 2, 0x32, 8);
+/// The shuffles of dot-product tails' transpose-adds (`op dst, a, b, imm8`): 128-bit blocks
+/// (map 0F3A) and elements within them (map 0F).
+pub(crate) const EVEX_VSHUFF32X4_ZMM_IMM8: VForm = evex(3, 1, false, 2, 0x23, 64);
+pub(crate) const EVEX_VSHUFF64X2_ZMM_IMM8: VForm = evex(3, 1, true, 2, 0x23, 64);
+pub(crate) const EVEX_VSHUFPS_ZMM_IMM8: VForm = evex(1, 0, false, 2, 0xC6, 64);
+pub(crate) const EVEX_VSHUFPD_ZMM_IMM8: VForm = evex(1, 1, true, 2, 0xC6, 64);
 
 /// The EVEX operand extras: opmask, zeroing, embedded broadcast.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

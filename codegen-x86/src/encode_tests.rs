@@ -1435,6 +1435,7 @@ fn stray_narrow_prefixes_are_errors() {
         split_tail: false,
         interleave: false,
         lane_pack: false,
+        dot_tail: false,
     };
     let target = Target::AVX512;
     let program = lower(&spec.col_major(), target, &schedule).unwrap();

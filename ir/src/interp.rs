@@ -363,6 +363,38 @@ impl<T: Element> Machine<'_, T> {
                     })?;
                 self.fma(op, *acc, *a, |_| x, *negate)?;
             }
+            Op::TransposeAdd {
+                dst,
+                a,
+                b,
+                tmp,
+                width,
+            } => {
+                let elt = std::mem::size_of::<T>();
+                let shuffles = crate::program::transpose_add_shuffles(elt, *width as usize)
+                    .filter(|_| lanes * elt == 64 && self.narrow.is_none())
+                    .filter(|_| tmp != a && tmp != b && tmp != dst);
+                let Some([lo, hi]) = shuffles else {
+                    return Err(InterpError::Undefined {
+                        op: format!("{op:?}"),
+                        what: format!(
+                            "chunks of {width} in a {lanes}-lane vector, a temporary apart"
+                        ),
+                    });
+                };
+                let sources = [self.get(op, *a)?, self.get(op, *b)?];
+                let pick = |s: crate::program::Shuffle, lane: usize| {
+                    let (from_b, l) = s.source(elt, lane);
+                    sources[from_b as usize][l]
+                };
+                let (mut sum, mut upper) = ([T::default(); MAX_LANES], [T::default(); MAX_LANES]);
+                for lane in 0..lanes {
+                    upper[lane] = pick(hi, lane);
+                    sum[lane] = pick(lo, lane) + upper[lane];
+                }
+                self.set(op, *tmp, upper)?;
+                self.set(op, *dst, sum)?;
+            }
             Op::Add { dst, a, b } => self.binary(op, *dst, *a, *b, |x, y| x + y)?,
             Op::Sub { dst, a, b } => self.binary(op, *dst, *a, *b, |x, y| x - y)?,
             Op::Mul { dst, a, b } => self.binary(op, *dst, *a, *b, |x, y| x * y)?,

@@ -244,6 +244,7 @@ pub fn plan(problem: &ColMajorProblem, target: Target) -> Option<(f64, Schedule)
             split_tail: false,
             interleave: false,
             lane_pack: true,
+            dot_tail: false,
         };
         let g = geometry(problem, target, &s).ok()?;
         Some((estimated_cycles(problem, target, g), s))

@@ -68,6 +68,18 @@ struct RowBlock {
     tail: bool,
 }
 
+/// Where a dot-product tail (`Schedule::dot_tail`) keeps its operands: byte offsets in
+/// scratch memory, each 64-byte aligned.
+#[derive(Clone, Copy, Debug)]
+struct DotTail {
+    /// op(A)'s last row, gathered there when A is not transposed (k elements).
+    a_row: i64,
+    /// The row's products with B's columns (n elements, rounded up to whole vectors).
+    sums: i64,
+    /// The mask of k's last group of lanes, when it is partial.
+    k_mask: Option<Mask>,
+}
+
 /// Loop-carried general registers, one per role, so that sibling blocks reuse them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Role {
@@ -107,6 +119,8 @@ struct Lowering<'a> {
     /// Where the current matrix's A, B and C are: in the argument registers (strided), or
     /// behind them (pointer arrays: indirect cursors).
     bases: [Cursor; 3],
+    /// C's last row as dot products, when the schedule asks and A and B are read at all.
+    dot: Option<DotTail>,
 }
 
 /// Lowers `problem` with `schedule` for `target`.
@@ -147,6 +161,7 @@ pub fn lower(
         panel_ld: schedule.m_vectors.min(problem.m.div_ceil(lanes)) * lanes,
         bases: [Gpr::A, Gpr::B, Gpr::C].map(Cursor::at),
         vregs_used: regs.total(),
+        dot: None,
     };
     let mut program = l.program()?;
     if schedule.prefetch && problem.batch_form == BatchForm::Strided {
@@ -173,7 +188,7 @@ impl Lowering<'_> {
         let params = spill_scalars(p, &mut setup);
         let packs = p.trans_a == Trans::T && p.alpha != Scalar::Zero;
         let spills = p.alpha.is_general() || p.beta.is_general();
-        let scratch_bytes = if packs {
+        let mut scratch_bytes = if packs {
             let panel = (self.panel_ld * p.k) as i64 * self.elt;
             (PANEL_OFFSET + panel + 63) / 64 * 64
         } else if spills {
@@ -181,6 +196,21 @@ impl Lowering<'_> {
         } else {
             0
         };
+        if self.s.dot_tail && p.alpha != Scalar::Zero {
+            // After the scalars and the packed panel: A's row, then the sums.
+            let a_row = scratch_bytes.max(PANEL_OFFSET);
+            let sums = a_row + p.k.div_ceil(self.lanes) as i64 * 64;
+            scratch_bytes = sums + p.n.div_ceil(self.lanes) as i64 * 64;
+            let rest = p.k % self.lanes;
+            let k_mask = if rest != 0 { self.b_mask(rest) } else { None };
+            self.dot = Some(DotTail {
+                a_row,
+                sums,
+                k_mask,
+            });
+            let needed = self.s.dot_tail_registers(p, self.target);
+            self.vregs_used = self.vregs_used.max(needed);
+        }
 
         let mut body = Vec::new();
         let strides = match p.batch_form {
@@ -412,6 +442,16 @@ impl Lowering<'_> {
         }
     }
 
+    /// `c` as a cursor that addresses memory, an indirect one's address loaded into the
+    /// register of `role` (one the caller knows free).
+    fn loaded(&mut self, out: &mut Vec<Op>, c: Cursor, role: Role) -> Cursor {
+        if c.indirect {
+            self.cursor_in(out, role, c)
+        } else {
+            c
+        }
+    }
+
     /// `c` as a cursor that addresses memory: indirect ones load the matrix's address into
     /// the register of that matrix (only blocks that are inlined need one).
     fn direct(&mut self, out: &mut Vec<Op>, c: Cursor) -> Cursor {
@@ -428,11 +468,17 @@ impl Lowering<'_> {
         Cursor::at(dst)
     }
 
-    /// All row blocks of one matrix.
+    /// All row blocks of one matrix (and its dot-product tail, after them).
     fn rows(&mut self, out: &mut Vec<Op>) -> Result<(), LowerError> {
         let p = self.p;
+        let dot = self.dot;
+        if let (Some(d), Trans::N) = (dot, p.trans_a) {
+            // First, so that the row's stores are long retired when the tail loads it.
+            self.gather_dot_row(out, d)?;
+        }
+        let m = p.m - dot.is_some() as usize;
         let mr = self.s.m_vectors * self.lanes;
-        let (full, rem) = (p.m / mr, p.m % mr);
+        let (full, rem) = (m / mr, m % mr);
         let a_step = match p.trans_a {
             Trans::N => mr as i64 * self.elt,
             Trans::T => (mr * p.lda) as i64 * self.elt,
@@ -453,7 +499,150 @@ impl Lowering<'_> {
                 l.row_panel(out, a, c, rb)
             },
             rem != 0,
-        )
+        )?;
+        match dot {
+            Some(d) => self.dot_row(out, d),
+            None => Ok(()),
+        }
+    }
+
+    /// Copies op(A)'s last row (A not transposed: a row of A, lda apart) into scratch
+    /// memory, contiguous for the dot-product tail's vector loads.
+    fn gather_dot_row(&mut self, out: &mut Vec<Op>, d: DotTail) -> Result<(), LowerError> {
+        let (p, elt) = (self.p, self.elt);
+        let row = self
+            .loaded(out, self.bases[0], Role::RowA)
+            .plus((p.m as i64 - 1) * elt);
+        // No block is live between matrices.
+        let t = VReg(0);
+        for q in 0..p.k as i64 {
+            out.push(Op::LoadScalar {
+                dst: t,
+                addr: addr(row.plus(q * p.lda as i64 * elt))?,
+            });
+            out.push(Op::StoreScalar {
+                addr: addr(Cursor::at(Gpr::SCRATCH).plus(d.a_row + q * elt))?,
+                src: t,
+            });
+        }
+        Ok(())
+    }
+
+    /// C's last row: each column's dot product of op(A)'s last row with B's column, a vector
+    /// of k at a time, `lanes` columns summed across their lanes together by a tree of
+    /// transpose-adds into one vector of sums, stored to scratch; then the row's blocks
+    /// take their accumulators from there into the usual epilogue.
+    fn dot_row(&mut self, out: &mut Vec<Op>, d: DotTail) -> Result<(), LowerError> {
+        let (p, elt, lanes) = (self.p, self.elt, self.lanes);
+        // The blocks' loop registers are free again: the row needs no more of them.
+        let b = self.loaded(out, self.bases[1], Role::ColB);
+        let a_row = match p.trans_a {
+            Trans::N => Cursor::at(Gpr::SCRATCH).plus(d.a_row),
+            Trans::T => {
+                let a = self.loaded(out, self.bases[0], Role::RowA);
+                a.plus((p.m - 1) as i64 * p.lda as i64 * elt)
+            }
+        };
+        let order = crate::program::transpose_add_order(elt as usize, lanes)
+            .ok_or(ScheduleError::DotTail("64-byte vectors (AVX-512) only"))?;
+        let inputs: Vec<VReg> = (0..lanes).map(|q| VReg(q as u8)).collect();
+        let (a_reg, b_reg, tmp) = (
+            VReg(lanes as u8),
+            VReg(lanes as u8 + 1),
+            VReg(lanes as u8 + 2),
+        );
+        let negate = p.alpha == Scalar::MinusOne;
+        let chunks = p.k.div_ceil(lanes);
+        let b_col = p.ldb as i64 * elt;
+        let scratch = Cursor::at(Gpr::SCRATCH);
+        for first in (0..p.n).step_by(lanes) {
+            let cols = lanes.min(p.n - first);
+            // Inputs with a column; the others are never written (their lanes of the
+            // result are never read), so the folds skip or reuse them.
+            let used: Vec<bool> = (0..lanes)
+                .map(|q| order.iter().take(cols).any(|&input| input == q))
+                .collect();
+            for (&dst, _) in inputs.iter().zip(&used).filter(|(_, &u)| u) {
+                out.push(Op::Zero { dst });
+            }
+            for chunk in 0..chunks {
+                let mask = if chunk + 1 == chunks { d.k_mask } else { None };
+                let along_k = (chunk * lanes) as i64 * elt;
+                out.push(Op::Load {
+                    dst: a_reg,
+                    addr: addr(a_row.plus(along_k))?,
+                    mask,
+                });
+                // Column first + l lands in lane l of the sums.
+                for (l, &input) in order.iter().enumerate().take(cols) {
+                    out.push(Op::Load {
+                        dst: b_reg,
+                        addr: addr(b.plus((first + l) as i64 * b_col + along_k))?,
+                        mask,
+                    });
+                    out.push(Op::Fma {
+                        acc: inputs[input],
+                        a: a_reg,
+                        b: b_reg,
+                        negate,
+                    });
+                }
+            }
+            // (register, holds a column's sum) for each vector of the tree's current level.
+            let mut live: Vec<(VReg, bool)> = inputs.iter().copied().zip(used).collect();
+            let mut width = lanes / 2;
+            while width >= 1 {
+                live = live
+                    .chunks(2)
+                    .map(|pair| {
+                        let [(a, a_used), (b, b_used)] = [pair[0], pair[1]];
+                        // An unused half folds its partner with itself: its lanes of the
+                        // result are unused too.
+                        let (dst, a, b) = match (a_used, b_used) {
+                            (true, true) => (a, a, b),
+                            (true, false) => (a, a, a),
+                            (false, true) => (b, b, b),
+                            (false, false) => return (a, false),
+                        };
+                        out.push(Op::TransposeAdd {
+                            dst,
+                            a,
+                            b,
+                            tmp,
+                            width: width as u8,
+                        });
+                        (dst, true)
+                    })
+                    .collect();
+                width /= 2;
+            }
+            out.push(Op::Store {
+                addr: addr(scratch.plus(d.sums + first as i64 * elt))?,
+                src: live[0].0,
+                mask: None,
+            });
+        }
+        let c = self
+            .loaded(out, self.bases[2], Role::ColC)
+            .plus((p.m - 1) as i64 * elt);
+        let row = RowBlock {
+            rows: 1,
+            vectors: 1,
+            tail: true,
+        };
+        let nr = self.s.n_cols;
+        for first in (0..p.n).step_by(nr) {
+            let cols = nr.min(p.n - first);
+            for j in 0..cols {
+                out.push(Op::LoadScalar {
+                    dst: self.acc(0, j),
+                    addr: addr(scratch.plus(d.sums + (first + j) as i64 * elt))?,
+                });
+            }
+            let c = c.plus((first * p.ldc) as i64 * elt);
+            self.epilogue(out, c, row, cols)?;
+        }
+        Ok(())
     }
 
     /// One row panel: pack op(A) if needed, then every column block.

@@ -119,6 +119,7 @@ fn memory_operand(op: &Op) -> Option<Addr> {
         | Op::Permute { .. }
         | Op::PermuteVar { .. }
         | Op::Indices { .. }
+        | Op::TransposeAdd { .. }
         | Op::FmaLane { .. }
         | Op::Add { .. }
         | Op::Sub { .. }

@@ -118,6 +118,19 @@ pub enum Op {
     LoadScalar { dst: VReg, addr: Addr },
     /// The scalar at addr = lane 0 of src.
     StoreScalar { addr: Addr, src: VReg },
+    /// One level of several horizontal sums at once (dot-product tails, see
+    /// `Schedule::dot_tail`): dst = lo + hi, where lo and hi are the two shuffles of a and b
+    /// that [`transpose_add_shuffles`] gives for chunks of `width` lanes; `tmp` is
+    /// clobbered. Folding `lanes` vectors in neighbouring pairs at widths lanes/2, lanes/4,
+    /// .., 1 (each result in the first of its pair) leaves one vector whose every lane sums
+    /// all lanes of one input ([`transpose_add_order`] says which). 64-byte vectors only.
+    TransposeAdd {
+        dst: VReg,
+        a: VReg,
+        b: VReg,
+        tmp: VReg,
+        width: u8,
+    },
     /// acc = acc + a * b, or acc - a * b when `negate` (one rounding).
     Fma {
         acc: VReg,
@@ -297,6 +310,94 @@ impl Program {
     }
 }
 
+/// A shuffle of two 64-byte vectors a and b, as x86 encodes it (the halves of an
+/// [`Op::TransposeAdd`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shuffle {
+    /// Whole 128-bit blocks (vshuff32x4, vshuff64x2): blocks 0 and 1 of the result from a,
+    /// 2 and 3 from b, block i the one that bits 2i..2i+1 of the immediate number.
+    Blocks(u8),
+    /// Elements within each 128-bit block (vshufps, vshufpd): f32 lanes 0 and 1 of a block
+    /// from a's block and 2 and 3 from b's, lane i the one bits 2i..2i+1 number; f64 lane 0
+    /// from a and lane 1 from b, the element that immediate bit (lane of the vector) picks.
+    Elements(u8),
+}
+
+impl Shuffle {
+    /// Where lane `lane` of the result comes from: (from b, lane of that source), for
+    /// elements of `elt` bytes.
+    pub fn source(self, elt: usize, lane: usize) -> (bool, usize) {
+        let per_block = 16 / elt;
+        let (block, i) = (lane / per_block, lane % per_block);
+        match self {
+            Shuffle::Blocks(imm) => {
+                let pick = (imm >> (2 * block)) & 3;
+                (block >= 2, pick as usize * per_block + i)
+            }
+            Shuffle::Elements(imm) if elt == 4 => {
+                let pick = (imm >> (2 * i)) & 3;
+                (i >= 2, block * 4 + pick as usize)
+            }
+            Shuffle::Elements(imm) => {
+                let pick = (imm >> lane) & 1;
+                (i == 1, block * 2 + pick as usize)
+            }
+        }
+    }
+}
+
+/// The (lo, hi) shuffles of an [`Op::TransposeAdd`] of chunks of `width` lanes of
+/// `elt`-byte elements in 64-byte vectors: each pairs chunk 2c of a vector with chunk
+/// 2c + 1, lo taking the first of every pair and hi the second. None for other widths.
+pub fn transpose_add_shuffles(elt: usize, width: usize) -> Option<[Shuffle; 2]> {
+    Some(match (elt, width * elt) {
+        (4 | 8, 32) => [Shuffle::Blocks(0x44), Shuffle::Blocks(0xEE)],
+        (4 | 8, 16) => [Shuffle::Blocks(0x88), Shuffle::Blocks(0xDD)],
+        (4, 8) => [Shuffle::Elements(0x44), Shuffle::Elements(0xEE)],
+        (4, 4) => [Shuffle::Elements(0x88), Shuffle::Elements(0xDD)],
+        (8, 8) => [Shuffle::Elements(0x00), Shuffle::Elements(0xFF)],
+        _ => return None,
+    })
+}
+
+/// The input whose lanes each lane of a full [`Op::TransposeAdd`] tree sums: `lanes`
+/// vectors of `elt`-byte elements folded in neighbouring pairs at widths lanes/2 .. 1.
+/// Every input appears once. None unless the vectors are 64 bytes.
+pub fn transpose_add_order(elt: usize, lanes: usize) -> Option<Vec<usize>> {
+    if elt * lanes != 64 {
+        return None;
+    }
+    // Each lane of each vector: (the input it comes from, how many of its lanes it sums).
+    let mut vectors: Vec<Vec<(usize, usize)>> = (0..lanes).map(|q| vec![(q, 1); lanes]).collect();
+    let mut width = lanes / 2;
+    while width >= 1 {
+        let [lo, hi] = transpose_add_shuffles(elt, width)?;
+        let mut next = Vec::new();
+        for pair in vectors.chunks(2) {
+            let mut folded = Vec::with_capacity(lanes);
+            for lane in 0..lanes {
+                let pick = |s: Shuffle| {
+                    let (from_b, l) = s.source(elt, lane);
+                    pair[from_b as usize][l]
+                };
+                let ((q, n), (q_hi, n_hi)) = (pick(lo), pick(hi));
+                if q != q_hi {
+                    return None;
+                }
+                folded.push((q, n + n_hi));
+            }
+            next.push(folded);
+        }
+        vectors = next;
+        width /= 2;
+    }
+    let order: Vec<usize> = vectors[0].iter().map(|&(q, _)| q).collect();
+    let whole = vectors[0].iter().all(|&(_, n)| n == lanes);
+    let mut seen = order.clone();
+    seen.sort_unstable();
+    (whole && seen.iter().copied().eq(0..lanes)).then_some(order)
+}
+
 /// Machine code of one kernel, as a backend emits it: position-independent instructions
 /// followed by the constants they address (tail masks), the entry point at offset 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -397,6 +498,17 @@ impl fmt::Display for Program {
                     Op::StoreScalar { addr, src } => {
                         writeln!(f, "{pad}store.scalar {addr} = v{}", src.0)?
                     }
+                    Op::TransposeAdd {
+                        dst,
+                        a,
+                        b,
+                        tmp,
+                        width,
+                    } => writeln!(
+                        f,
+                        "{pad}v{} = transpose.add{width} v{} v{} (v{})",
+                        dst.0, a.0, b.0, tmp.0
+                    )?,
                     Op::Fma { acc, a, b, negate } => {
                         writeln!(f, "{pad}v{} {} v{} * v{}", acc.0, neg(negate), a.0, b.0)?
                     }

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::spec::{ColMajorProblem, Scalar, Trans};
-use crate::target::{MaskSupport, Target};
+use crate::target::{Isa, MaskSupport, Target};
 
 /// How a CPU kernel is blocked and unrolled. The planner picks one; the tuner may replace it.
 /// Column-major terms: a register block is `m_vectors` vectors of C rows by `n_cols` columns.
@@ -55,6 +55,13 @@ pub struct Schedule {
     /// split_tail, interleave, prefetch) do not apply; `batch_unroll` counts vectors of C.
     #[serde(default)]
     pub lane_pack: bool,
+    /// With m one more than a multiple of the lanes, compute C's last row as dot products
+    /// of op(A)'s last row with B's columns (vectors along k, several columns summed across
+    /// lanes at once by `Op::TransposeAdd`) instead of with a one-lane tail vector, which
+    /// costs as many FMAs as a full one: AVX-512 with 64-byte vectors, B not transposed.
+    /// The register blocks cover the other rows.
+    #[serde(default)]
+    pub dot_tail: bool,
 }
 
 /// The most matrices one trip of the batch loop may do.
@@ -75,6 +82,8 @@ pub enum ScheduleError {
     BatchUnroll(usize),
     #[error("lane packing: {0}")]
     LanePack(&'static str),
+    #[error("dot-product tail: {0}")]
+    DotTail(&'static str),
     #[error("{target} has no {bytes}-byte vectors")]
     VectorWidth { bytes: usize, target: Target },
     #[error("the schedule needs {needed} vector registers; {target} has {available}")]
@@ -232,6 +241,9 @@ impl Schedule {
 
     /// Checks the hard constraints (the register file) for `problem` on `target`.
     pub fn validate(&self, problem: &ColMajorProblem, target: Target) -> Result<(), ScheduleError> {
+        if self.dot_tail {
+            self.validate_dot_tail(problem, target)?;
+        }
         if self.lane_pack {
             return crate::lane_pack::geometry(problem, target, self).map(drop);
         }
@@ -243,6 +255,33 @@ impl Schedule {
         }
         self.validate_common(target)?;
         registers_fit(self.registers(problem, target).total(), target)
+    }
+
+    /// Where a dot-product tail ([`Schedule::dot_tail`]) can be lowered.
+    fn validate_dot_tail(
+        &self,
+        problem: &ColMajorProblem,
+        target: Target,
+    ) -> Result<(), ScheduleError> {
+        let lanes = self.lanes(target, problem.dtype);
+        let why = if self.lane_pack {
+            "not with lane packing"
+        } else if target.isa != Isa::Avx512 || self.vector_width(target) != 64 {
+            "64-byte vectors (AVX-512) only"
+        } else if problem.m % lanes != 1 {
+            "m must be one more than a multiple of the lanes"
+        } else if problem.trans_b == Trans::T {
+            "B's columns must be contiguous (B not transposed)"
+        } else {
+            return registers_fit(self.dot_tail_registers(problem, target), target);
+        };
+        Err(ScheduleError::DotTail(why))
+    }
+
+    /// Vector registers of a dot-product tail: one sum per lane, A's row, B's column and
+    /// the shuffle's temporary.
+    pub fn dot_tail_registers(&self, problem: &ColMajorProblem, target: Target) -> usize {
+        self.lanes(target, problem.dtype) + 3
     }
 
     /// The checks register-blocked and lane-packed schedules share: matrices per trip and

@@ -248,6 +248,7 @@ fn wide_tail_blocks(isa: Isa) {
         split_tail: false,
         interleave: false,
         lane_pack: false,
+        dot_tail: false,
     };
     // (dtype, m, n, k, schedule): m leaves a tail of more and of less than half a vector.
     let cases = match isa {
@@ -302,6 +303,83 @@ fn wide_tail_blocks_avx512() {
 #[test]
 fn wide_tail_blocks_avx2() {
     wide_tail_blocks(Isa::Avx2)
+}
+
+/// Dot-product tails (`Schedule::dot_tail`, AVX-512): C's last row as dot products summed
+/// across lanes by transpose-adds, with m one more than a multiple of the lanes (m = 1
+/// too), k below, at and past a vector, n past the lanes; the planned blocks for the other
+/// rows and a looped, batch-unrolled, prefetching form; every alpha and beta kind, A
+/// transposed or not, padding, batches of several lengths.
+#[test]
+fn dot_product_tails_avx512() {
+    let Some(jit) = jit(Isa::Avx512) else { return };
+    let cases = [
+        (Dtype::F64, 9, 9, 9),
+        (Dtype::F64, 17, 17, 17),
+        (Dtype::F64, 25, 30, 12),
+        (Dtype::F64, 1, 9, 20),
+        (Dtype::F32, 17, 17, 17),
+        (Dtype::F32, 17, 33, 21),
+        (Dtype::F32, 33, 5, 16),
+        (Dtype::F32, 1, 17, 15),
+    ];
+    let scalars = ALPHAS
+        .into_iter()
+        .flat_map(|alpha| BETAS.map(|beta| (alpha, beta)))
+        .chain([(Scalar::fixed(2.5).unwrap(), Scalar::MinusOne)]);
+    let mut seed = 150_000;
+    for (i, (alpha, beta)) in scalars.enumerate() {
+        for (dtype, m, n, k) in cases {
+            seed += 1;
+            let trans = [(Trans::N, Trans::N), (Trans::T, Trans::N)][i % 2];
+            let spec = padded_spec(
+                dtype,
+                Layout::ColMajor,
+                (m, n, k),
+                trans,
+                alpha,
+                beta,
+                i % 3,
+            );
+            let planned = smallgemm::generate(&spec, jit.target(), None)
+                .unwrap()
+                .schedule;
+            let looped = Schedule {
+                m_vectors: 1,
+                n_cols: 3,
+                k_unroll: 4,
+                unroll_m_blocks: false,
+                unroll_n_blocks: false,
+                vector_bytes: 0,
+                batch_unroll: 2,
+                prefetch: true,
+                split_tail: false,
+                interleave: false,
+                lane_pack: false,
+                dot_tail: true,
+            };
+            let planned = Schedule {
+                dot_tail: true,
+                lane_pack: false,
+                vector_bytes: 0,
+                m_vectors: planned.m_vectors.max(1),
+                n_cols: planned.n_cols.max(1),
+                ..planned
+            };
+            let batch = BATCHES[i % BATCHES.len()];
+            for s in [planned, looped] {
+                match dtype {
+                    Dtype::F64 => {
+                        common::check_spec_with::<f64>(&jit, &spec, Some(&s), batch, seed)
+                    }
+                    Dtype::F32 => {
+                        common::check_spec_with::<f32>(&jit, &spec, Some(&s), batch, seed)
+                    }
+                    Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
+                }
+            }
+        }
+    }
 }
 
 /// Lane-packed kernels (2x2x2, 3x3x3 and 4x4xk, `Schedule::lane_pack`): every vector width they

@@ -5,7 +5,8 @@
 use smallgemm::{Dtype, GemmSpec, Layout, Scalar, Trans};
 
 /// (snapshot name, spec): tiny, with tails, square 16, rectangular, transposed, row-major,
-/// run-time and fixed scalars, and one large enough to loop.
+/// run-time and fixed scalars, one large enough to loop, and one whose last row AVX-512
+/// computes as dot products.
 pub fn fixed_specs() -> Vec<(&'static str, GemmSpec)> {
     let b = GemmSpec::builder;
     let specs = [
@@ -45,6 +46,7 @@ pub fn fixed_specs() -> Vec<(&'static str, GemmSpec)> {
                 .beta(Scalar::One),
         ),
         ("d_100x40x90_loops", b(Dtype::F64, 100, 40, 90)),
+        ("d_9x8x9_dot_tail", b(Dtype::F64, 9, 8, 9).beta(Scalar::One)),
     ];
     specs
         .into_iter()

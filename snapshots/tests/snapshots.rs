@@ -108,3 +108,23 @@ fn lowered_programs() {
         }
     }
 }
+
+/// f64 9x8x9 on AVX-512: the ninth row as dot products of A's gathered row with B's
+/// columns, summed across lanes by 128-bit block and element shuffles with adds.
+#[test]
+fn avx512_sums_the_dot_tail_across_lanes() {
+    let (_, spec) = fixed_specs()
+        .into_iter()
+        .find(|(n, _)| *n == "d_9x8x9_dot_tail")
+        .unwrap();
+    let generated = generate(&spec, Target::new(Isa::Avx512), None).unwrap();
+    assert!(generated.schedule.dot_tail, "{:?}", generated.schedule);
+    let text = listing(Isa::Avx512, &generated.code);
+    for wanted in ["vshuff64x2", "vshufpd", "vaddpd"] {
+        assert!(text.contains(wanted), "{wanted}: {text}");
+    }
+    insta::assert_snapshot!(
+        "program_avx512_d_9x8x9_dot_tail",
+        generated.program.to_string()
+    );
+}
