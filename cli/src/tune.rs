@@ -293,7 +293,6 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
     // the cost model does not weigh it (the planner's rule is a count of FMAs saved).
     let dot_tails: Vec<Schedule> = space
         .iter()
-        .filter(|s| s.vector_bytes == 0 && !s.split_tail)
         .map(|&s| Schedule {
             dot_tail: true,
             batch_unroll: 0,

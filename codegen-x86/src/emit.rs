@@ -2,7 +2,7 @@
 
 use iced_x86::Register;
 use smallgemm_ir::{
-    narrowed_ops, transpose_add_shuffles, Addr, Dtype, Isa, Op, Program, Shuffle, Target, Trips,
+    narrowed_ops, transpose_add_operands, Addr, Dtype, Isa, Op, Program, Shuffle, Target, Trips,
     VReg,
 };
 
@@ -172,9 +172,8 @@ fn insert_form(isa: Isa, dtype: Dtype, bytes: usize) -> Option<VForm> {
     }
 }
 
-/// The (lo, hi) shuffles of a transpose-add (`Op::TransposeAdd`), which exists for 512-bit
-/// f32 and f64 vectors on AVX-512 only, with a temporary apart from its sources (the
-/// second shuffle reads them after the first wrote it). Both emitters ask here.
+/// The (lo, hi) shuffles of a transpose-add (`Op::TransposeAdd`), on AVX-512 only, where
+/// its operands define it (`transpose_add_operands`). Both emitters ask here.
 pub(crate) fn transpose_add(
     isa: Isa,
     program: &Program,
@@ -184,10 +183,10 @@ pub(crate) fn transpose_add(
     tmp: VReg,
     width: u8,
 ) -> Result<[Shuffle; 2], EmitError> {
-    let wide = program.vector_bytes() == 64;
-    let shuffles = transpose_add_shuffles(program.dtype.size(), width as usize);
-    match shuffles {
-        Some(s) if isa == Isa::Avx512 && wide && tmp != a && tmp != b && tmp != dst => Ok(s),
+    let operands = [dst, a, b, tmp];
+    let (elt, bytes) = (program.dtype.size(), program.vector_bytes());
+    match transpose_add_operands(elt, bytes, operands, width) {
+        Some(s) if isa == Isa::Avx512 => Ok(s),
         _ => Err(EmitError::Unsupported("this transpose-add", isa)),
     }
 }

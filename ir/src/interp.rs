@@ -371,9 +371,10 @@ impl<T: Element> Machine<'_, T> {
                 width,
             } => {
                 let elt = std::mem::size_of::<T>();
-                let shuffles = crate::program::transpose_add_shuffles(elt, *width as usize)
-                    .filter(|_| lanes * elt == 64 && self.narrow.is_none())
-                    .filter(|_| tmp != a && tmp != b && tmp != dst);
+                let operands = [*dst, *a, *b, *tmp];
+                let shuffles =
+                    crate::program::transpose_add_operands(elt, lanes * elt, operands, *width)
+                        .filter(|_| self.narrow.is_none());
                 let Some([lo, hi]) = shuffles else {
                     return Err(InterpError::Undefined {
                         op: format!("{op:?}"),

@@ -38,8 +38,8 @@ pub use plan::{
     plan_streaming, prefetch_pays, streams_differently, UNROLL_BUDGET,
 };
 pub use program::{
-    narrowed_ops, transpose_add_order, transpose_add_shuffles, Addr, Gpr, MachineCode, Mask,
-    MaskDecl, Op, OpCounts, Param, Program, Shuffle, Trips, VReg,
+    narrowed_ops, transpose_add_operands, transpose_add_order, transpose_add_shuffles, Addr, Gpr,
+    MachineCode, Mask, MaskDecl, Op, OpCounts, Param, Program, Shuffle, Trips, VReg,
 };
 pub use schedule::{epilogue_temporaries, BOperand, RegisterUse, Schedule, ScheduleError};
 pub use spec::{

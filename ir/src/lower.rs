@@ -199,7 +199,9 @@ impl Lowering<'_> {
         if self.s.dot_tail && p.alpha != Scalar::Zero {
             // After the scalars and the packed panel: A's row, then the sums.
             let a_row = scratch_bytes.max(PANEL_OFFSET);
-            let sums = a_row + p.k.div_ceil(self.lanes) as i64 * 64;
+            // A transposed: its row is read in place.
+            let gathered = (p.trans_a == Trans::N) as i64 * p.k.div_ceil(self.lanes) as i64;
+            let sums = a_row + gathered * 64;
             scratch_bytes = sums + p.n.div_ceil(self.lanes) as i64 * 64;
             let rest = p.k % self.lanes;
             let k_mask = if rest != 0 { self.b_mask(rest) } else { None };
@@ -455,17 +457,9 @@ impl Lowering<'_> {
     /// `c` as a cursor that addresses memory: indirect ones load the matrix's address into
     /// the register of that matrix (only blocks that are inlined need one).
     fn direct(&mut self, out: &mut Vec<Op>, c: Cursor) -> Cursor {
-        if !c.indirect {
-            return c;
-        }
         let role = [Role::MatrixA, Role::MatrixB, Role::MatrixC]
             [self.bases.iter().position(|b| b.reg == c.reg).unwrap_or(2)];
-        let dst = self.gpr(role);
-        out.push(Op::LoadAddress {
-            dst,
-            addr: Addr::new(c.reg, c.offset as i32),
-        });
-        Cursor::at(dst)
+        self.loaded(out, c, role)
     }
 
     /// All row blocks of one matrix (and its dot-product tail, after them).
@@ -545,7 +539,8 @@ impl Lowering<'_> {
         };
         let order = crate::program::transpose_add_order(elt as usize, lanes)
             .ok_or(ScheduleError::DotTail("64-byte vectors (AVX-512) only"))?;
-        let inputs: Vec<VReg> = (0..lanes).map(|q| VReg(q as u8)).collect();
+        // Input q of the tree sums in register q.
+        let input = |q: usize| VReg(q as u8);
         let (a_reg, b_reg, tmp) = (
             VReg(lanes as u8),
             VReg(lanes as u8 + 1),
@@ -559,11 +554,12 @@ impl Lowering<'_> {
             let cols = lanes.min(p.n - first);
             // Inputs with a column; the others are never written (their lanes of the
             // result are never read), so the folds skip or reuse them.
-            let used: Vec<bool> = (0..lanes)
-                .map(|q| order.iter().take(cols).any(|&input| input == q))
-                .collect();
-            for (&dst, _) in inputs.iter().zip(&used).filter(|(_, &u)| u) {
-                out.push(Op::Zero { dst });
+            let mut used = vec![false; lanes];
+            for &q in &order[..cols] {
+                used[q] = true;
+            }
+            for q in (0..lanes).filter(|&q| used[q]) {
+                out.push(Op::Zero { dst: input(q) });
             }
             for chunk in 0..chunks {
                 let mask = if chunk + 1 == chunks { d.k_mask } else { None };
@@ -574,14 +570,14 @@ impl Lowering<'_> {
                     mask,
                 });
                 // Column first + l lands in lane l of the sums.
-                for (l, &input) in order.iter().enumerate().take(cols) {
+                for (l, &q) in order[..cols].iter().enumerate() {
                     out.push(Op::Load {
                         dst: b_reg,
                         addr: addr(b.plus((first + l) as i64 * b_col + along_k))?,
                         mask,
                     });
                     out.push(Op::Fma {
-                        acc: inputs[input],
+                        acc: input(q),
                         a: a_reg,
                         b: b_reg,
                         negate,
@@ -589,7 +585,7 @@ impl Lowering<'_> {
                 }
             }
             // (register, holds a column's sum) for each vector of the tree's current level.
-            let mut live: Vec<(VReg, bool)> = inputs.iter().copied().zip(used).collect();
+            let mut live: Vec<(VReg, bool)> = (0..lanes).map(input).zip(used).collect();
             let mut width = lanes / 2;
             while width >= 1 {
                 live = live
@@ -625,11 +621,7 @@ impl Lowering<'_> {
         let c = self
             .loaded(out, self.bases[2], Role::ColC)
             .plus((p.m - 1) as i64 * elt);
-        let row = RowBlock {
-            rows: 1,
-            vectors: 1,
-            tail: true,
-        };
+        let row = self.row_block(1);
         let nr = self.s.n_cols;
         for first in (0..p.n).step_by(nr) {
             let cols = nr.min(p.n - first);

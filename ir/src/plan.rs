@@ -77,11 +77,9 @@ const DOT_TAIL_MIN_SAVING: f64 = 40.0;
 /// the last, fully unrolled or looped as they would be, one matrix a trip.
 fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> {
     let lanes = 64 / problem.dtype.size();
-    let applies = target.isa == Isa::Avx512
-        && problem.m % lanes == 1
-        && problem.trans_b == Trans::N
-        && problem.alpha != Scalar::Zero;
-    if !applies {
+    if problem.alpha == Scalar::Zero
+        || crate::schedule::dot_tail_unfit(problem, target, 64).is_some()
+    {
         return None;
     }
     // A one-lane tail's FMAs cost a full vector's, or half of one where 512-bit operations
@@ -103,10 +101,9 @@ fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> 
     } else {
         choose_unrolling(&rows, target, &mut s);
     }
+    // One matrix a trip, not interleaved: `best_block`'s, which these keep.
     let s = Schedule {
         dot_tail: true,
-        batch_unroll: 0,
-        interleave: false,
         ..s
     };
     s.validate(problem, target).is_ok().then_some(s)

@@ -360,6 +360,21 @@ pub fn transpose_add_shuffles(elt: usize, width: usize) -> Option<[Shuffle; 2]> 
     })
 }
 
+/// The shuffles of an [`Op::TransposeAdd`] with these operands, in a program of
+/// `elt`-byte elements and `vector_bytes`-byte vectors, where it is defined: 64-byte
+/// vectors, a chunk width the shuffles pair, and a temporary apart from the other
+/// registers (the second shuffle reads the sources after the first wrote it). The
+/// interpreter and both x86 encoders ask here.
+pub fn transpose_add_operands(
+    elt: usize,
+    vector_bytes: usize,
+    [dst, a, b, tmp]: [VReg; 4],
+    width: u8,
+) -> Option<[Shuffle; 2]> {
+    let apart = tmp != a && tmp != b && tmp != dst;
+    transpose_add_shuffles(elt, width as usize).filter(|_| vector_bytes == 64 && apart)
+}
+
 /// The input whose lanes each lane of a full [`Op::TransposeAdd`] tree sums: `lanes`
 /// vectors of `elt`-byte elements folded in neighbouring pairs at widths lanes/2 .. 1.
 /// Every input appears once. None unless the vectors are 64 bytes.

@@ -263,19 +263,15 @@ impl Schedule {
         problem: &ColMajorProblem,
         target: Target,
     ) -> Result<(), ScheduleError> {
-        let lanes = self.lanes(target, problem.dtype);
         let why = if self.lane_pack {
-            "not with lane packing"
-        } else if target.isa != Isa::Avx512 || self.vector_width(target) != 64 {
-            "64-byte vectors (AVX-512) only"
-        } else if problem.m % lanes != 1 {
-            "m must be one more than a multiple of the lanes"
-        } else if problem.trans_b == Trans::T {
-            "B's columns must be contiguous (B not transposed)"
+            Some("not with lane packing")
         } else {
-            return registers_fit(self.dot_tail_registers(problem, target), target);
+            dot_tail_unfit(problem, target, self.vector_width(target))
         };
-        Err(ScheduleError::DotTail(why))
+        match why {
+            Some(why) => Err(ScheduleError::DotTail(why)),
+            None => registers_fit(self.dot_tail_registers(problem, target), target),
+        }
     }
 
     /// Vector registers of a dot-product tail: one sum per lane, A's row, B's column and
@@ -297,6 +293,25 @@ impl Schedule {
             });
         }
         Ok(())
+    }
+}
+
+/// Why `problem` on `target` with `vector_bytes`-byte vectors cannot have a dot-product
+/// tail ([`Schedule::dot_tail`]), or None where it can: the planner asks before it plans
+/// one, and validation.
+pub(crate) fn dot_tail_unfit(
+    problem: &ColMajorProblem,
+    target: Target,
+    vector_bytes: usize,
+) -> Option<&'static str> {
+    if target.isa != Isa::Avx512 || vector_bytes != 64 {
+        Some("64-byte vectors (AVX-512) only")
+    } else if problem.m % (vector_bytes / problem.dtype.size()) != 1 {
+        Some("m must be one more than a multiple of the lanes")
+    } else if problem.trans_b == Trans::T {
+        Some("B's columns must be contiguous (B not transposed)")
+    } else {
+        None
     }
 }
 
