@@ -530,6 +530,12 @@ struct TuneArgs {
     /// effect) with the code generator's blocks per SM and with 2 and 3.
     #[arg(long)]
     c_over_a: bool,
+    /// f16 tensor-core candidates: only the planned schedule and those that copy A and B
+    /// verbatim and read fragments with 16-bit loads (`flat_fragments`): 1, 2, 4 and 8
+    /// warps, 1 and 2 problems per block, with the C prefetch and with C through shared
+    /// memory.
+    #[arg(long)]
+    flat_fragments: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -639,6 +645,35 @@ fn grouped(p: &ColMajorProblem, s: &GpuSchedule) -> Vec<GpuSchedule> {
         .filter(|&g| s.mma.is_some() && s.warps % mt != 0 && g <= nt)
         .map(|mma_group| GpuSchedule { mma_group, ..*s })
         .collect()
+}
+
+/// `tune --flat-fragments`: the planned schedule, then A and B copied verbatim with
+/// fragments read by 16-bit loads (`flat_fragments`): 1, 2, 4 and 8 warps, 1 and 2
+/// problems per block, with the C prefetch (`Flat`) and with C through shared memory
+/// (`FlatC`).
+fn flat_fragment_candidates(
+    spec: &GemmSpec,
+    target: &GpuTarget,
+    planned: Option<GpuSchedule>,
+) -> Vec<GpuSchedule> {
+    let p = spec.col_major();
+    let mut out: Vec<GpuSchedule> = planned.into_iter().collect();
+    for warps in [1, 2, 4, 8] {
+        for tba in [1, 2] {
+            for (stage, prefetch_c) in [(Staging::Flat, true), (Staging::FlatC, false)] {
+                let s = GpuSchedule {
+                    stage,
+                    prefetch_c,
+                    flat_fragments: true,
+                    ..GpuSchedule::mma(warps, tba, false)
+                };
+                if s.validate(&p, target).is_ok() {
+                    out.push(s);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// `tune --groups`: the planned schedule and `FlatC` with `ldmatrix`, 8 and 16 warps, one
@@ -840,6 +875,9 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                 }
                 _ if args.groups && d == Dtype::F16 => {
                     group_candidates(&spec, gpu.target(), planned)
+                }
+                _ if args.flat_fragments && d == Dtype::F16 => {
+                    flat_fragment_candidates(&spec, gpu.target(), planned)
                 }
                 _ => candidates(&spec, gpu.target()),
             };

@@ -1009,7 +1009,15 @@ pub(crate) fn kernel(
                 // shift is the span's either way.
                 let shift = if p.beta != Scalar::Zero && !flat.c_over_a {
                     flat_copy(
-                        &mut asm, dtype, &tid, threads, &span, &end, &region, op.vectors, true,
+                        &mut asm,
+                        dtype,
+                        &tid,
+                        threads,
+                        &span,
+                        &end,
+                        &region,
+                        op.vectors,
+                        FlatCopy::In,
                     )
                 } else {
                     let lo = asm.reg(Kind::B32);
@@ -1020,8 +1028,16 @@ pub(crate) fn kernel(
                 cflat_region = Some((span, end, region, op.vectors));
                 flat_shift[i] = Some(shift);
             } else {
+                // Tensor-core fragments read only the problems' elements of the copy (and
+                // rows or columns past them that are never stored): the partial vectors at
+                // the span's ends may come whole, from the 16-byte granules that hold them.
+                let copy = if s.mma.is_some() {
+                    FlatCopy::WholeEnds
+                } else {
+                    FlatCopy::In
+                };
                 flat_shift[i] = Some(flat_copy(
-                    &mut asm, dtype, &tid, threads, &span, &end, &region, op.vectors, true,
+                    &mut asm, dtype, &tid, threads, &span, &end, &region, op.vectors, copy,
                 ));
             }
         }
@@ -1298,7 +1314,11 @@ pub(crate) fn kernel(
                 end,
                 region,
                 *vectors,
-                to_shared,
+                if to_shared {
+                    FlatCopy::In
+                } else {
+                    FlatCopy::Out
+                },
             );
         }
     };
@@ -1333,7 +1353,18 @@ pub(crate) fn kernel(
             };
             let hook: Option<&mut dyn FnMut(&mut Asm)> =
                 if flat.c_over_a { Some(&mut c_in) } else { None };
-            mma_body(&mut asm, p, s, &layout, &sa, &sb, &epi, &mw, hook);
+            let flat_ab = [flat.a.is_some(), flat.b.is_some()];
+            mma_body(
+                &mut asm,
+                p,
+                s,
+                &layout,
+                [&sa, &sb],
+                flat_ab,
+                &epi,
+                &mw,
+                hook,
+            );
         }
     }
     if let (Some(c), Some(sc)) = (flat.c_pad, &sc) {
@@ -1361,7 +1392,8 @@ pub(crate) fn kernel(
     let _ = writeln!(out, ".extern .shared .align 16 .b8 smem[];\n");
     let _ = writeln!(out, ".visible .entry {entry}(");
     let _ = writeln!(out, "\t{}\n)", params.join(",\n\t"));
-    let shared = if s.mma.is_none() || flat.c.is_some() || flat.c_pad.is_some() {
+    let flat_any = flat.a.is_some() || flat.b.is_some() || flat.c.is_some();
+    let shared = if s.mma.is_none() || flat_any || flat.c_pad.is_some() {
         flat.shared_bytes
     } else {
         res.shared_bytes
@@ -2152,15 +2184,16 @@ fn mma_warp(
 
 /// Tensor-core kernels: `warps` warps per problem; warp w takes 16x8 tiles of C in turn
 /// (`MmaWarp`) and runs `mma.sync.m16n8k16` over the k padded to 16 (the padding is zeros
-/// in shared memory).
+/// in shared memory; in the verbatim copies of `flat`, A and B under `flat_fragments`,
+/// the loads of the padding are predicated off, their registers zero).
 #[allow(clippy::too_many_arguments)]
 fn mma_body(
     asm: &mut Asm,
     p: &ColMajorProblem,
     s: &GpuSchedule,
     layout: &SharedLayout,
-    sa: &str,
-    sb: &str,
+    [sa, sb]: [&str; 2],
+    flat: [bool; 2],
     epi: &Epilogue,
     mw: &MmaWarp,
     after_a: Option<&mut dyn FnMut(&mut Asm)>,
@@ -2171,18 +2204,56 @@ fn mma_body(
     let ks = p.k.div_ceil(shape.k as usize);
     let reuse = w % mt == 0;
     let (lane, gid, tig) = (&mw.lane, &mw.gid, &mw.tig);
+    // In the last k step, whether the half k + j (j = 0, 1, 8, 9: a fragment word's two
+    // halves, and the second half of k) of this lane (k = 2 tig) lies inside k; None where
+    // it does for every lane.
+    let last_k = 16 * (ks - 1);
+    let mut inside: Vec<(usize, Option<String>)> = [0, 1, 8, 9].map(|j| (j, None)).to_vec();
+    if flat.contains(&true) && p.k % 16 != 0 {
+        let tig2 = asm.reg(Kind::B32);
+        asm.op(format!("shl.b32 {tig2}, {tig}, 1"));
+        for (j, pred) in &mut inside {
+            // Inside where 2 tig < k - last_k - j; for every lane where that is 7 or more.
+            let limit = p.k.saturating_sub(last_k + *j);
+            *pred = (limit < 7).then(|| asm.lt(&tig2, &limit.to_string()));
+        }
+    }
+    let inside_at = |k: usize, j: usize| -> Option<String> {
+        if k + 1 < ks {
+            return None;
+        }
+        inside
+            .iter()
+            .find(|(i, _)| *i == j)
+            .and_then(|(_, p)| p.clone())
+    };
     // A fragment word holds two halves adjacent in k: one 32-bit load where k is the
-    // contiguous direction in shared memory, else two 16-bit loads packed.
-    let pair = |asm: &mut Asm, base: &str, off: usize, step: usize| -> String {
+    // contiguous direction in shared memory, else two 16-bit loads packed. A verbatim copy
+    // (`flat`) may leave the pair unaligned: two 16-bit loads, each off where its half
+    // is past k (`halves`: the predicates of the two, None: inside).
+    let pair = |asm: &mut Asm,
+                base: &str,
+                off: usize,
+                step: usize,
+                flat: bool,
+                halves: [Option<String>; 2]|
+     -> String {
         let r = asm.reg(Kind::B32);
-        if step == 1 {
+        if step == 1 && !flat {
             asm.op(format!("ld.shared.b32 {r}, [{base}+{off}]"));
         } else {
-            let lo = asm.reg(Kind::B16);
-            let hi = asm.reg(Kind::B16);
-            asm.op(format!("ld.shared.b16 {lo}, [{base}+{off}]"));
-            asm.op(format!("ld.shared.b16 {hi}, [{base}+{}]", off + 2 * step));
-            asm.op(format!("mov.b32 {r}, {{{lo}, {hi}}}"));
+            let h = [asm.reg(Kind::B16), asm.reg(Kind::B16)];
+            for (i, (h, pred)) in h.iter().zip(&halves).enumerate() {
+                if pred.is_some() {
+                    asm.op(format!("mov.b16 {h}, 0"));
+                }
+                asm.op(format!(
+                    "{}ld.shared.b16 {h}, [{base}+{}]",
+                    guard(pred),
+                    off + 2 * step * i
+                ));
+            }
+            asm.op(format!("mov.b32 {r}, {{{}, {}}}", h[0], h[1]));
         }
         r
     };
@@ -2238,12 +2309,15 @@ fn mma_body(
         }
         // {a0 a1}: (gid, 2tig), {a2 a3}: row + 8, {a4 a5}: k + 8, {a6 a7}: both.
         let offs = [
-            kb,
-            kb + 8 * a_row * 2,
-            kb + 8 * a_col * 2,
-            kb + 8 * a_row * 2 + 8 * a_col * 2,
+            (kb, 0),
+            (kb + 8 * a_row * 2, 0),
+            (kb + 8 * a_col * 2, 8),
+            (kb + 8 * a_row * 2 + 8 * a_col * 2, 8),
         ];
-        offs.map(|o| pair(asm, abase, o, a_col))
+        offs.map(|(o, j)| {
+            let halves = [inside_at(k, j), inside_at(k, j + 1)];
+            pair(asm, abase, o, a_col, flat[0], halves)
+        })
     };
     let load_b = |asm: &mut Asm, bbase: &str, k: usize| -> [String; 2] {
         let kb = k * 16 * b_row * 2;
@@ -2256,7 +2330,10 @@ fn mma_body(
             return r;
         }
         // {b0 b1}: (2tig, gid), {b2 b3}: k + 8.
-        [kb, kb + 8 * b_row * 2].map(|o| pair(asm, bbase, o, b_row))
+        [(kb, 0), (kb + 8 * b_row * 2, 8)].map(|(o, j)| {
+            let halves = [inside_at(k, j), inside_at(k, j + 1)];
+            pair(asm, bbase, o, b_row, flat[1], halves)
+        })
     };
     let tile_base = |asm: &mut Asm, base: &str, t: &str, bytes: usize, lane: &str| -> String {
         let r = asm.reg(Kind::B32);
@@ -2433,24 +2510,25 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
                     ((t / tpp) * slot_all + padded(t % tpp)) * elt
                 }))
     };
+    // Tensor-core kernels with `flat_fragments`: A and B verbatim wherever tight and packed
+    // (their fragments are read with 16-bit loads at any alignment).
+    let fragments = mma && kind == BatchKind::Strided && s.flat_fragments_apply();
     let a_len = p.m * p.k;
-    let a_ok = flat_ok(
-        p.lda == a_lead && p.stride_a == a_len,
-        a_len,
-        &|i| (i % tm) * a_row,
-        &|i| (i % tm) * layout.a_row,
-    );
+    let a_tight = p.lda == a_lead && p.stride_a == a_len;
+    let a_ok = (fragments && a_tight)
+        || flat_ok(a_tight, a_len, &|i| (i % tm) * a_row, &|i| {
+            (i % tm) * layout.a_row
+        });
     let (b_lead, b_row, b_col) = match p.trans_b {
         Trans::N => (p.k, 1, p.k),
         Trans::T => (p.n, p.n, 1),
     };
     let b_len = p.k * p.n;
-    let b_ok = flat_ok(
-        p.ldb == b_lead && p.stride_b == b_len,
-        b_len,
-        &|i| (i / tm) * b_col,
-        &|i| layout.a_len + (i / tm) * layout.b_col,
-    );
+    let b_tight = p.ldb == b_lead && p.stride_b == b_len;
+    let b_ok = (fragments && b_tight)
+        || flat_ok(b_tight, b_len, &|i| (i / tm) * b_col, &|i| {
+            layout.a_len + (i / tm) * layout.b_col
+        });
     let c_len = p.m * p.n;
     // Tensor-core kernels: where C's columns are whole, aligned vectors of 2, 4 or 8 halves,
     // C goes to a padded copy in the problem's slot (column by column), else, when tight and
@@ -2471,6 +2549,7 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         && kind == BatchKind::Strided
         && s.stage == Staging::FlatC
         && tba == 1
+        && !fragments
         && (s.warps as usize) % p.m.div_ceil(16) == 0;
     let c_pad = cv
         .filter(|_| mma && kind == BatchKind::Strided && s.stage == Staging::FlatC)
@@ -2478,10 +2557,11 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
             let mm = p.m.next_multiple_of(8);
             let c_ld = if (mm / 8) % 2 == 0 { mm + 8 } else { mm + 16 };
             CPad {
+                // After the padded copies of A and B that are in the slot.
                 c_in_slot: if over_a && c_ld * p.n <= layout.a_len {
                     0
                 } else {
-                    layout.a_len + layout.b_len
+                    (!a_ok as usize) * layout.a_len + (!b_ok as usize) * layout.b_len
                 },
                 c_ld,
                 cv,
@@ -2494,7 +2574,14 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         && p.stride_c == c_len;
     let slot = if a_ok { 0 } else { layout.a_len }
         + if b_ok { 0 } else { layout.b_len }
-        + c_pad.map_or(0, |c| if c.c_in_slot == 0 { 0 } else { c.c_ld * p.n });
+        // C's padded copy needs room of its own unless it takes A's place.
+        + c_pad.map_or(0, |c| {
+            if over_a && c.c_in_slot == 0 {
+                0
+            } else {
+                c.c_ld * p.n
+            }
+        });
     let b_in_slot = if a_ok { 0 } else { layout.a_len };
     let mut at = (slot * tba * elt).next_multiple_of(16);
     // `over`: elements past the last problem that threads whose tile hangs over the edge
@@ -2513,7 +2600,12 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
             r
         })
     };
-    let (rm, rn) = (s.rm as usize, s.rn as usize);
+    // Rows (A) and columns (B) of the tile grid past the matrix: FMA tiles of rm x rn, mma
+    // tiles of 16 x 8 (whose k padding is never read).
+    let (rm, rn) = match s.mma {
+        Some(shape) => (shape.m as usize, shape.n as usize),
+        None => (s.rm as usize, s.rn as usize),
+    };
     let a = region(
         a_ok,
         a_len,
@@ -2549,7 +2641,7 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         slot,
         b_in_slot,
         c_pad,
-        c_over_a: c_flat_over_a || c_pad.is_some_and(|c| c.c_in_slot == 0),
+        c_over_a: c_flat_over_a || (over_a && c_pad.is_some_and(|c| c.c_in_slot == 0)),
         shared_bytes: at,
     }
 }
@@ -2705,12 +2797,25 @@ fn element_access(
     }
 }
 
+/// Which way `flat_copy` copies, and how it takes the partial vectors at the span's ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FlatCopy {
+    /// Into shared memory, the partial vectors element by element (zeros elsewhere).
+    In,
+    /// Into shared memory, the partial vectors whole: their other elements are whatever
+    /// lies in the 16-byte granules of global memory that hold the span's ends.
+    WholeEnds,
+    /// Back to global memory, the partial vectors element by element.
+    Out,
+}
+
 /// Copies the block's span of one flat operand between global and shared memory with
 /// 16-byte vectors: all `threads` threads of the block take part; vector q (thread q %
 /// threads) covers bytes [16 q, 16 q + 16) past the 16-byte boundary at or below `span`.
 /// Vectors wholly inside the span's `end` elements move in one access; the partial ones at
-/// its two ends move element by element (a branch no warp takes but the one at each end).
-/// Returns the shift (bytes from the boundary to the span) as a u32 register.
+/// its two ends move element by element (a branch no warp takes but the one at each end),
+/// or, with `FlatCopy::WholeEnds`, whole. Returns the shift (bytes from the boundary to
+/// the span) as a u32 register.
 #[allow(clippy::too_many_arguments)]
 fn flat_copy(
     asm: &mut Asm,
@@ -2721,8 +2826,9 @@ fn flat_copy(
     end: &str,
     region: &str,
     vectors: usize,
-    to_shared: bool,
+    copy: FlatCopy,
 ) -> String {
+    let to_shared = copy != FlatCopy::Out;
     let elt = dtype.size();
     let v = 16 / elt;
     let lo = asm.reg(Kind::B32);
@@ -2794,7 +2900,20 @@ fn flat_copy(
                 element_access(asm, dtype, &w, e, &addr, store, &valid);
             }
         };
-        if to_shared {
+        if copy == FlatCopy::WholeEnds {
+            // Vectors that start before the span's end (the span stops at the batch's).
+            let before_end = asm.reg(Kind::Pred);
+            asm.op(format!("setp.lt.s32 {before_end}, {fs}, {end}"));
+            let pred = asm.and(Some(before_end), inq.clone());
+            asm.op(format!(
+                "{}ld.global.v4.b32 {list}, [{gq}+{off}]",
+                guard(&pred)
+            ));
+            asm.op(format!(
+                "{}st.shared.v4.b32 [{sq}+{off}], {list}",
+                guard(&pred)
+            ));
+        } else if to_shared {
             for r in &w {
                 asm.op(format!("mov.b32 {r}, 0"));
             }

@@ -153,8 +153,9 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
         ""
     };
     let mh = if s.mul_hi_applies() { "_mh" } else { "" };
+    let ff = if s.flat_fragments_apply() { "_ff" } else { "" };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}",
         spec.name(),
         kind.suffix(),
         s.tba
@@ -171,6 +172,12 @@ pub fn plan(spec: &GemmSpec, target: &GpuTarget, kind: BatchKind) -> Result<GpuS
         q.dtype = Dtype::F32;
         s = plan_gpu(&q, target)?;
         s.validate(&p, target)?;
+    }
+    if kind != BatchKind::Strided && s.flat_fragments {
+        // Verbatim copies of A and B need a packed strided batch: elsewhere `ldmatrix`
+        // fragments from the padded slots, as at the neighbouring sizes.
+        s.flat_fragments = false;
+        s.ldmatrix = true;
     }
     let big = p.m.max(p.n);
     if kind == BatchKind::VariableSize && (25..=32).contains(&big) && p.dtype != Dtype::F16 {

@@ -61,7 +61,8 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 
 /// The tensor-core schedules the GPU tests try besides the planned ones: both fragment
 /// loaders, padded and flat staging (C too with `FlatC`), with and without the C prefetch,
-/// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`).
+/// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`), and
+/// A and B copied verbatim with 16-bit fragment loads (`flat_fragments`).
 fn mma_variants() -> Vec<GpuSchedule> {
     let mut out = Vec::new();
     for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
@@ -74,6 +75,15 @@ fn mma_variants() -> Vec<GpuSchedule> {
                             stage,
                             prefetch_c,
                             mma_group,
+                            ..GpuSchedule::mma(warps, tba, ldmatrix)
+                        });
+                    }
+                    if !ldmatrix && stage != Staging::Padded {
+                        // A and B verbatim, fragments by 16-bit loads.
+                        out.push(GpuSchedule {
+                            stage,
+                            prefetch_c,
+                            flat_fragments: true,
                             ..GpuSchedule::mma(warps, tba, ldmatrix)
                         });
                     }

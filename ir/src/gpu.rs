@@ -213,6 +213,15 @@ pub struct GpuSchedule {
     /// Ignored elsewhere.
     #[serde(default)]
     pub mul_hi_slots: bool,
+    /// Tensor-core kernels without `ldmatrix`, staging other than `Padded`, strided batches:
+    /// A and B, where tight and packed, are copied into shared memory verbatim (the block's
+    /// span with 16-byte vectors, as C under `FlatC`) instead of realigned into padded
+    /// slots, and the fragments are read from that copy with 16-bit loads (whatever its
+    /// alignment), the k padding zeroed by predicates. Fewer instructions per problem where
+    /// the matrices are small and their rows unaligned (docs/gpu-notes.md, version 14).
+    /// Ignored elsewhere.
+    #[serde(default)]
+    pub flat_fragments: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -286,6 +295,7 @@ impl GpuSchedule {
             mma_group: 0,
             c_over_a: false,
             mul_hi_slots: false,
+            flat_fragments: false,
         }
     }
 
@@ -307,6 +317,7 @@ impl GpuSchedule {
             mma_group: 0,
             c_over_a: false,
             mul_hi_slots: false,
+            flat_fragments: false,
         }
     }
 
@@ -319,7 +330,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -333,7 +344,12 @@ impl GpuSchedule {
                     g => format!(" g{g}"),
                 },
                 if self.c_over_a { " ca" } else { "" },
-                if self.mul_hi_applies() { " mh" } else { "" }
+                if self.mul_hi_applies() { " mh" } else { "" },
+                if self.flat_fragments_apply() {
+                    " ff"
+                } else {
+                    ""
+                }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}",
@@ -348,6 +364,12 @@ impl GpuSchedule {
     /// Whether `mul_hi_slots` takes effect: tensor-core kernels with flat A and B.
     pub fn mul_hi_applies(&self) -> bool {
         self.mul_hi_slots && self.mma.is_some() && self.stage == Staging::Flat
+    }
+
+    /// Whether `flat_fragments` takes effect (the batch form aside): tensor-core kernels
+    /// without `ldmatrix` and with flat staging.
+    pub fn flat_fragments_apply(&self) -> bool {
+        self.flat_fragments && self.mma.is_some() && !self.ldmatrix && self.stage != Staging::Padded
     }
 
     /// Threads per problem of an FMA schedule: one per `rm x rn` tile of C.
@@ -657,6 +679,16 @@ const H100_F16_MUL_HI: [usize; 17] = [
     17, 19, 21, 23, 25, 27, 29, 33, 35, 37, 39, 45, 47, 49, 51, 53, 55,
 ];
 
+/// Tensor-core defaults of version 14 (docs/gpu-notes.md): A and B copied verbatim and
+/// fragments read with 16-bit loads (`flat_fragments`), C through shared memory (`FlatC`),
+/// from `smallgemm tune --gpu --dtype f16 --flat-fragments` on an H100 and the bench against
+/// the planned kernels, alternated, twice: 19 85.0 -> 92.2-93.2% of the bound, 23 91.6 ->
+/// 97.9-98.3%, 25 92.3 -> 93.4-93.7%, 27 94.6 -> 100.5-100.9%. (n, warps, problems per
+/// block). They replace the entries above at those sizes; 17 and 29 tied, 21 and 31..55
+/// kept the `ldmatrix` kernels.
+const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32); 4] =
+    [(19, 2, 2), (23, 2, 1), (25, 4, 1), (27, 4, 1)];
+
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
 /// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`); or `ldmatrix` with C
 /// through shared memory and flat A and B (`FlatC`: `Staging::FlatC`, no prefetch).
@@ -692,24 +724,32 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             65..=112 => H100_F16_GROUP[big - 65],
             _ => 0,
         };
-        match H100_F16_V12.iter().find(|e| e.0 == big) {
-            Some(&(_, warps, min_blocks, c_over_a)) => GpuSchedule {
-                min_blocks,
-                c_over_a,
+        let v12 = H100_F16_V12.iter().find(|e| e.0 == big);
+        match H100_F16_FLAT_FRAGMENTS.iter().find(|e| e.0 == big) {
+            Some(&(_, warps, tba)) => GpuSchedule {
                 stage: Staging::FlatC,
-                ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
+                flat_fragments: true,
+                ..GpuSchedule::mma(warps.min(tiles).max(1), tba, false)
             },
-            None => GpuSchedule {
-                min_blocks,
-                mma_group,
-                mul_hi_slots: H100_F16_MUL_HI.contains(&big),
-                stage: match variant {
-                    FlatPre => Staging::Flat,
-                    FlatC => Staging::FlatC,
-                    Ldm | Pre => Staging::Padded,
+            None => match v12 {
+                Some(&(_, warps, min_blocks, c_over_a)) => GpuSchedule {
+                    min_blocks,
+                    c_over_a,
+                    stage: Staging::FlatC,
+                    ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
                 },
-                prefetch_c: matches!(variant, Pre | FlatPre),
-                ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
+                None => GpuSchedule {
+                    min_blocks,
+                    mma_group,
+                    mul_hi_slots: H100_F16_MUL_HI.contains(&big),
+                    stage: match variant {
+                        FlatPre => Staging::Flat,
+                        FlatC => Staging::FlatC,
+                        Ldm | Pre => Staging::Padded,
+                    },
+                    prefetch_c: matches!(variant, Pre | FlatPre),
+                    ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
+                },
             },
         }
     } else {

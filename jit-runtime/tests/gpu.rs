@@ -499,25 +499,30 @@ fn f16_mma_loaders_match() {
     // (ldmatrix, staging, C prefetch, tiles per warp group): both loaders as before, then
     // the flat staging of A and B and the C prefetch, alone and together.
     let variants = [
-        (false, Staging::Padded, false, 0),
-        (true, Staging::Padded, false, 0),
-        (true, Staging::Flat, false, 0),
-        (true, Staging::Padded, true, 0),
-        (true, Staging::Flat, true, 0),
-        (false, Staging::Flat, true, 0),
+        (false, Staging::Padded, false, 0, false),
+        (true, Staging::Padded, false, 0, false),
+        (true, Staging::Flat, false, 0, false),
+        (true, Staging::Padded, true, 0, false),
+        (true, Staging::Flat, true, 0, false),
+        (false, Staging::Flat, true, 0, false),
         // C through shared memory (16-byte copies of the block's span; the prefetch is moot).
-        (true, Staging::FlatC, false, 0),
-        (false, Staging::FlatC, true, 0),
+        (true, Staging::FlatC, false, 0, false),
+        (false, Staging::FlatC, true, 0, false),
         // Tiles of one row tile in groups sharing A's fragments (`mma_group`; a row's last
         // group may hang over its last column tile), C in shared and in global memory.
-        (true, Staging::FlatC, false, 3),
-        (true, Staging::Padded, true, 2),
-        (false, Staging::Flat, false, 2),
+        (true, Staging::FlatC, false, 3, false),
+        (true, Staging::Padded, true, 2, false),
+        (false, Staging::Flat, false, 2, false),
+        // A and B copied verbatim, fragments by 16-bit loads with the k padding predicated
+        // off (`flat_fragments`), with the C prefetch and with C through shared memory.
+        (false, Staging::Flat, true, 0, true),
+        (false, Staging::FlatC, false, 0, true),
+        (false, Staging::FlatC, false, 2, true),
     ];
     for (i, spec) in all.iter().enumerate() {
         let p = spec.col_major();
         for (warps, tba) in [(1, 1), (2, 3), (8, 1), (16, 1)] {
-            for (ldmatrix, stage, prefetch_c, mma_group) in variants {
+            for (ldmatrix, stage, prefetch_c, mma_group, flat_fragments) in variants {
                 // Groups at the warp counts of the grouped defaults (8 and 16).
                 if (warps == 16 && !ldmatrix) || (warps < 8 && mma_group > 0) {
                     continue;
@@ -526,6 +531,7 @@ fn f16_mma_loaders_match() {
                     stage,
                     prefetch_c,
                     mma_group,
+                    flat_fragments,
                     ..GpuSchedule::mma(warps, tba, ldmatrix)
                 };
                 if s.validate(&p, gpu.target()).is_err() {
