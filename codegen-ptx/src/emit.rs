@@ -2204,28 +2204,29 @@ fn mma_body(
     let ks = p.k.div_ceil(shape.k as usize);
     let reuse = w % mt == 0;
     let (lane, gid, tig) = (&mw.lane, &mw.gid, &mw.tig);
-    // In the last k step, whether the half k + j (j = 0, 1, 8, 9: a fragment word's two
-    // halves, and the second half of k) of this lane (k = 2 tig) lies inside k; None where
-    // it does for every lane.
-    let last_k = 16 * (ks - 1);
-    let mut inside: Vec<(usize, Option<String>)> = [0, 1, 8, 9].map(|j| (j, None)).to_vec();
+    // The k padding of a verbatim copy (`flat`): in the last k step, for the first and the
+    // second eight halves of k (h), whether each half of this lane's fragment word (k =
+    // 2 tig + 8 h + i) lies inside k; None where it does for every lane.
+    let mut padding: [[Option<String>; 2]; 2] = Default::default();
     if flat.contains(&true) && p.k % 16 != 0 {
         let tig2 = asm.reg(Kind::B32);
         asm.op(format!("shl.b32 {tig2}, {tig}, 1"));
-        for (j, pred) in &mut inside {
-            // Inside where 2 tig < k - last_k - j; for every lane where that is 7 or more.
-            let limit = p.k.saturating_sub(last_k + *j);
-            *pred = (limit < 7).then(|| asm.lt(&tig2, &limit.to_string()));
+        let last_k = 16 * (ks - 1);
+        for (h, halves) in padding.iter_mut().enumerate() {
+            for (i, pred) in halves.iter_mut().enumerate() {
+                // Inside where 2 tig < limit; for every lane where the limit is 7 or more.
+                let limit = p.k.saturating_sub(last_k + 8 * h + i);
+                *pred = (limit < 7).then(|| asm.lt(&tig2, &limit.to_string()));
+            }
         }
     }
-    let inside_at = |k: usize, j: usize| -> Option<String> {
-        if k + 1 < ks {
-            return None;
+    // The predicates of a word of operand `op` (0: A, 1: B) at k step k, half h of k.
+    let halves_at = |op: usize, k: usize, h: usize| -> [Option<String>; 2] {
+        if flat[op] && k + 1 == ks {
+            padding[h].clone()
+        } else {
+            [None, None]
         }
-        inside
-            .iter()
-            .find(|(i, _)| *i == j)
-            .and_then(|(_, p)| p.clone())
     };
     // A fragment word holds two halves adjacent in k: one 32-bit load where k is the
     // contiguous direction in shared memory, else two 16-bit loads packed. A verbatim copy
@@ -2311,13 +2312,10 @@ fn mma_body(
         let offs = [
             (kb, 0),
             (kb + 8 * a_row * 2, 0),
-            (kb + 8 * a_col * 2, 8),
-            (kb + 8 * a_row * 2 + 8 * a_col * 2, 8),
+            (kb + 8 * a_col * 2, 1),
+            (kb + 8 * a_row * 2 + 8 * a_col * 2, 1),
         ];
-        offs.map(|(o, j)| {
-            let halves = [inside_at(k, j), inside_at(k, j + 1)];
-            pair(asm, abase, o, a_col, flat[0], halves)
-        })
+        offs.map(|(o, h)| pair(asm, abase, o, a_col, flat[0], halves_at(0, k, h)))
     };
     let load_b = |asm: &mut Asm, bbase: &str, k: usize| -> [String; 2] {
         let kb = k * 16 * b_row * 2;
@@ -2330,10 +2328,8 @@ fn mma_body(
             return r;
         }
         // {b0 b1}: (2tig, gid), {b2 b3}: k + 8.
-        [(kb, 0), (kb + 8 * b_row * 2, 8)].map(|(o, j)| {
-            let halves = [inside_at(k, j), inside_at(k, j + 1)];
-            pair(asm, bbase, o, b_row, flat[1], halves)
-        })
+        [(kb, 0), (kb + 8 * b_row * 2, 1)]
+            .map(|(o, h)| pair(asm, bbase, o, b_row, flat[1], halves_at(1, k, h)))
     };
     let tile_base = |asm: &mut Asm, base: &str, t: &str, bytes: usize, lane: &str| -> String {
         let r = asm.reg(Kind::B32);
@@ -2512,7 +2508,7 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
     };
     // Tensor-core kernels with `flat_fragments`: A and B verbatim wherever tight and packed
     // (their fragments are read with 16-bit loads at any alignment).
-    let fragments = mma && kind == BatchKind::Strided && s.flat_fragments_apply();
+    let fragments = kind == BatchKind::Strided && s.flat_fragments_apply();
     let a_len = p.m * p.k;
     let a_tight = p.lda == a_lead && p.stride_a == a_len;
     let a_ok = (fragments && a_tight)

@@ -682,9 +682,9 @@ const H100_F16_MUL_HI: [usize; 17] = [
 /// Tensor-core defaults of version 14 (docs/gpu-notes.md): A and B copied verbatim and
 /// fragments read with 16-bit loads (`flat_fragments`), C through shared memory (`FlatC`),
 /// from `smallgemm tune --gpu --dtype f16 --flat-fragments` on an H100 and the bench against
-/// the planned kernels, alternated, twice: 19 85.0 -> 92.2-93.2% of the bound, 23 91.6 ->
-/// 97.9-98.3%, 25 92.3 -> 93.4-93.7%, 27 94.6 -> 100.5-100.9%. (n, warps, problems per
-/// block). They replace the entries above at those sizes; 17 and 29 tied, 21 and 31..55
+/// the planned kernels, alternated, twice (% of the bound): 19 85.0 (one run) -> 92.2-93.2,
+/// 23 91.3-91.6 -> 97.9-98.3, 25 92.1-92.3 -> 93.4-93.7, 27 93.9-94.6 -> 100.5-100.9.
+/// (n, warps, problems per block). They replace the entries above at those sizes; 17 and 29 tied, 21 and 31..55
 /// kept the `ldmatrix` kernels.
 const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32); 4] =
     [(19, 2, 2), (23, 2, 1), (25, 4, 1), (27, 4, 1)];
@@ -724,33 +724,35 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             65..=112 => H100_F16_GROUP[big - 65],
             _ => 0,
         };
-        let v12 = H100_F16_V12.iter().find(|e| e.0 == big);
-        match H100_F16_FLAT_FRAGMENTS.iter().find(|e| e.0 == big) {
-            Some(&(_, warps, tba)) => GpuSchedule {
+        let flat_fragments = H100_F16_FLAT_FRAGMENTS.iter().find(|e| e.0 == big);
+        if let Some(&(_, warps, tba)) = flat_fragments {
+            GpuSchedule {
                 stage: Staging::FlatC,
                 flat_fragments: true,
                 ..GpuSchedule::mma(warps.min(tiles).max(1), tba, false)
-            },
-            None => match v12 {
-                Some(&(_, warps, min_blocks, c_over_a)) => GpuSchedule {
-                    min_blocks,
-                    c_over_a,
-                    stage: Staging::FlatC,
-                    ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
+            }
+        } else if let Some(&(_, warps, min_blocks, c_over_a)) =
+            H100_F16_V12.iter().find(|e| e.0 == big)
+        {
+            GpuSchedule {
+                min_blocks,
+                c_over_a,
+                stage: Staging::FlatC,
+                ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
+            }
+        } else {
+            GpuSchedule {
+                min_blocks,
+                mma_group,
+                mul_hi_slots: H100_F16_MUL_HI.contains(&big),
+                stage: match variant {
+                    FlatPre => Staging::Flat,
+                    FlatC => Staging::FlatC,
+                    Ldm | Pre => Staging::Padded,
                 },
-                None => GpuSchedule {
-                    min_blocks,
-                    mma_group,
-                    mul_hi_slots: H100_F16_MUL_HI.contains(&big),
-                    stage: match variant {
-                        FlatPre => Staging::Flat,
-                        FlatC => Staging::FlatC,
-                        Ldm | Pre => Staging::Padded,
-                    },
-                    prefetch_c: matches!(variant, Pre | FlatPre),
-                    ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
-                },
-            },
+                prefetch_c: matches!(variant, Pre | FlatPre),
+                ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
+            }
         }
     } else {
         // f64/f32 2..32: the winners of a `smallgemm tune --gpu` sweep on an H100 (every
