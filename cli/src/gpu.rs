@@ -536,6 +536,12 @@ struct TuneArgs {
     /// memory.
     #[arg(long)]
     flat_fragments: bool,
+    /// f16 tensor-core candidates: only the planned schedule, it with its verbatim copies
+    /// through `cp.async` (`async_copies`, where it takes effect), and up to 64 the
+    /// flat-fragment schedules with C through shared memory (1, 2 and 4 warps, 1 and 2
+    /// problems per block) with `cp.async`.
+    #[arg(long)]
+    async_copies: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -671,6 +677,51 @@ fn flat_fragment_candidates(
                     out.push(s);
                 }
             }
+        }
+    }
+    out
+}
+
+/// `tune --async-copies`: the planned schedule, it with `async_copies` where that changes
+/// its code, and up to 64 (verbatim fragments lost from 65 in version 15's sweep) `FlatC`
+/// flat-fragment schedules of 1, 2 and 4 warps and 1 and 2 problems per block with
+/// `async_copies`.
+fn async_candidates(
+    spec: &GemmSpec,
+    target: &GpuTarget,
+    planned: Option<GpuSchedule>,
+) -> Vec<GpuSchedule> {
+    let p = spec.col_major();
+    let mut out: Vec<GpuSchedule> = planned.into_iter().collect();
+    let mut more: Vec<GpuSchedule> = planned
+        .map(|s| GpuSchedule {
+            async_copies: !s.async_copies,
+            ..s
+        })
+        .into_iter()
+        .collect();
+    if p.m.max(p.n) <= 64 {
+        for warps in [1, 2, 4] {
+            for tba in [1, 2] {
+                more.push(GpuSchedule {
+                    stage: Staging::FlatC,
+                    flat_fragments: true,
+                    async_copies: true,
+                    ..GpuSchedule::mma(warps, tba, false)
+                });
+            }
+        }
+    }
+    let code = |s: &GpuSchedule| ptx_code(spec, target, s);
+    let mut seen: Vec<Option<String>> = out.iter().map(code).collect();
+    for s in more {
+        if s.validate(&p, target).is_err() || out.contains(&s) {
+            continue;
+        }
+        let text = code(&s);
+        if !seen.contains(&text) {
+            seen.push(text);
+            out.push(s);
         }
     }
     out
@@ -878,6 +929,9 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                 }
                 _ if args.flat_fragments && d == Dtype::F16 => {
                     flat_fragment_candidates(&spec, gpu.target(), planned)
+                }
+                _ if args.async_copies && d == Dtype::F16 => {
+                    async_candidates(&spec, gpu.target(), planned)
                 }
                 _ => candidates(&spec, gpu.target()),
             };

@@ -34,6 +34,8 @@ struct Asm {
     body: String,
     counts: [usize; 6],
     labels: usize,
+    /// `cp.async` copies were issued: the staging's barrier waits for them.
+    async_copies: bool,
 }
 
 impl Asm {
@@ -42,6 +44,7 @@ impl Asm {
             body: String::new(),
             counts: [0; 6],
             labels: 0,
+            async_copies: false,
         }
     }
 
@@ -1017,7 +1020,11 @@ pub(crate) fn kernel(
                         &end,
                         &region,
                         op.vectors,
-                        FlatCopy::In,
+                        if s.async_copies_apply() {
+                            FlatCopy::Async
+                        } else {
+                            FlatCopy::In
+                        },
                     )
                 } else {
                     let lo = asm.reg(Kind::B32);
@@ -1031,7 +1038,9 @@ pub(crate) fn kernel(
                 // Tensor-core fragments read only the problems' elements of the copy (and
                 // rows or columns past them that are never stored): the partial vectors at
                 // the span's ends may come whole, from the 16-byte granules that hold them.
-                let copy = if s.mma.is_some() {
+                let copy = if s.async_copies_apply() {
+                    FlatCopy::Async
+                } else if s.mma.is_some() {
                     FlatCopy::WholeEnds
                 } else {
                     FlatCopy::In
@@ -1290,6 +1299,9 @@ pub(crate) fn kernel(
     }
     asm.sink_shared_stores(staging, sink);
     asm.place(&skip_load);
+    if asm.async_copies {
+        asm.op("cp.async.wait_all");
+    }
     asm.op("bar.sync 0");
     let exit = asm.label();
     // With C staged flat, every thread must reach the barrier before C's copy back.
@@ -2801,6 +2813,8 @@ enum FlatCopy {
     /// Into shared memory, the partial vectors whole: their other elements are whatever
     /// lies in the 16-byte granules of global memory that hold the span's ends.
     WholeEnds,
+    /// As `WholeEnds`, through `cp.async` (no registers; the staging's barrier waits).
+    Async,
     /// Back to global memory, the partial vectors element by element.
     Out,
 }
@@ -2810,8 +2824,8 @@ enum FlatCopy {
 /// threads) covers bytes [16 q, 16 q + 16) past the 16-byte boundary at or below `span`.
 /// Vectors wholly inside the span's `end` elements move in one access; the partial ones at
 /// its two ends move element by element (a branch no warp takes but the one at each end),
-/// or, with `FlatCopy::WholeEnds`, whole. Returns the shift (bytes from the boundary to
-/// the span) as a u32 register.
+/// or, with `FlatCopy::WholeEnds` and `FlatCopy::Async`, whole. Returns the shift (bytes
+/// from the boundary to the span) as a u32 register.
 #[allow(clippy::too_many_arguments)]
 fn flat_copy(
     asm: &mut Asm,
@@ -2896,11 +2910,19 @@ fn flat_copy(
                 element_access(asm, dtype, &w, e, &addr, store, &valid);
             }
         };
-        if copy == FlatCopy::WholeEnds {
+        if matches!(copy, FlatCopy::WholeEnds | FlatCopy::Async) {
             // Vectors that start before the span's end (the span stops at the batch's).
             let before_end = asm.reg(Kind::Pred);
             asm.op(format!("setp.lt.s32 {before_end}, {fs}, {end}"));
             let pred = asm.and(Some(before_end), inq.clone());
+            if copy == FlatCopy::Async {
+                asm.op(format!(
+                    "{}cp.async.cg.shared.global [{sq}+{off}], [{gq}+{off}], 16",
+                    guard(&pred)
+                ));
+                asm.async_copies = true;
+                continue;
+            }
             asm.op(format!(
                 "{}ld.global.v4.b32 {list}, [{gq}+{off}]",
                 guard(&pred)

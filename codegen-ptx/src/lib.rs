@@ -154,8 +154,9 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     };
     let mh = if s.mul_hi_applies() { "_mh" } else { "" };
     let ff = if s.flat_fragments_apply() { "_ff" } else { "" };
+    let cpa = if s.async_copies_apply() { "_cpa" } else { "" };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}",
         spec.name(),
         kind.suffix(),
         s.tba
@@ -178,6 +179,10 @@ pub fn plan(spec: &GemmSpec, target: &GpuTarget, kind: BatchKind) -> Result<GpuS
         // fragments from the padded slots, as at the neighbouring sizes.
         s.flat_fragments = false;
         s.ldmatrix = true;
+    }
+    if kind != BatchKind::Strided {
+        // Nothing is copied verbatim there.
+        s.async_copies = false;
     }
     let big = p.m.max(p.n);
     if kind == BatchKind::VariableSize && (25..=32).contains(&big) && p.dtype != Dtype::F16 {

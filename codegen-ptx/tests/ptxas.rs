@@ -61,8 +61,9 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 
 /// The tensor-core schedules the GPU tests try besides the planned ones: both fragment
 /// loaders, padded and flat staging (C too with `FlatC`), with and without the C prefetch,
-/// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`), and
-/// A and B copied verbatim with 16-bit fragment loads (`flat_fragments`).
+/// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`), A and
+/// B copied verbatim with 16-bit fragment loads (`flat_fragments`), and the verbatim copies
+/// through `cp.async` (`async_copies`).
 fn mma_variants() -> Vec<GpuSchedule> {
     let mut out = Vec::new();
     for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
@@ -78,14 +79,26 @@ fn mma_variants() -> Vec<GpuSchedule> {
                             ..GpuSchedule::mma(warps, tba, ldmatrix)
                         });
                     }
-                    if !ldmatrix && stage != Staging::Padded {
-                        // A and B verbatim, fragments by 16-bit loads.
+                    if stage == Staging::FlatC {
+                        // C's verbatim copy through `cp.async`.
                         out.push(GpuSchedule {
                             stage,
-                            prefetch_c,
-                            flat_fragments: true,
+                            async_copies: true,
                             ..GpuSchedule::mma(warps, tba, ldmatrix)
                         });
+                    }
+                    if !ldmatrix && stage != Staging::Padded {
+                        // A and B verbatim, fragments by 16-bit loads; their copies (and
+                        // C's under `FlatC`) also through `cp.async`.
+                        for async_copies in [false, true] {
+                            out.push(GpuSchedule {
+                                stage,
+                                prefetch_c,
+                                flat_fragments: true,
+                                async_copies,
+                                ..GpuSchedule::mma(warps, tba, ldmatrix)
+                            });
+                        }
                     }
                 }
             }

@@ -222,6 +222,14 @@ pub struct GpuSchedule {
     /// Ignored elsewhere.
     #[serde(default)]
     pub flat_fragments: bool,
+    /// Tensor-core kernels of strided batches: the verbatim copies into shared memory (C's
+    /// under `FlatC` where m is odd, A's and B's under `flat_fragments`) go through
+    /// `cp.async`, global memory to shared memory without registers, so that all of them are
+    /// in flight at once beside the realigning loads; C's partial vectors at the span's
+    /// ends come whole, as A's and B's do (docs/gpu-notes.md, version 15). Ignored
+    /// elsewhere.
+    #[serde(default)]
+    pub async_copies: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -296,6 +304,7 @@ impl GpuSchedule {
             c_over_a: false,
             mul_hi_slots: false,
             flat_fragments: false,
+            async_copies: false,
         }
     }
 
@@ -318,6 +327,7 @@ impl GpuSchedule {
             c_over_a: false,
             mul_hi_slots: false,
             flat_fragments: false,
+            async_copies: false,
         }
     }
 
@@ -330,7 +340,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -347,6 +357,11 @@ impl GpuSchedule {
                 if self.mul_hi_applies() { " mh" } else { "" },
                 if self.flat_fragments_apply() {
                     " ff"
+                } else {
+                    ""
+                },
+                if self.async_copies_apply() {
+                    " cpa"
                 } else {
                     ""
                 }
@@ -370,6 +385,14 @@ impl GpuSchedule {
     /// without `ldmatrix` and with flat staging.
     pub fn flat_fragments_apply(&self) -> bool {
         self.flat_fragments && self.mma.is_some() && !self.ldmatrix && self.stage != Staging::Padded
+    }
+
+    /// Whether `async_copies` takes effect (the batch form and m aside): tensor-core kernels
+    /// with C through shared memory or with flat fragments.
+    pub fn async_copies_apply(&self) -> bool {
+        self.async_copies
+            && self.mma.is_some()
+            && (self.stage == Staging::FlatC || self.flat_fragments_apply())
     }
 
     /// Threads per problem of an FMA schedule: one per `rm x rn` tile of C.
@@ -679,15 +702,31 @@ const H100_F16_MUL_HI: [usize; 17] = [
     17, 19, 21, 23, 25, 27, 29, 33, 35, 37, 39, 45, 47, 49, 51, 53, 55,
 ];
 
-/// Tensor-core defaults of version 14 (docs/gpu-notes.md): A and B copied verbatim and
-/// fragments read with 16-bit loads (`flat_fragments`), C through shared memory (`FlatC`),
-/// from `smallgemm tune --gpu --dtype f16 --flat-fragments` on an H100 and the bench against
-/// the planned kernels, alternated, twice (% of the bound): 19 85.0 (one run) -> 92.2-93.2,
-/// 23 91.3-91.6 -> 97.9-98.3, 25 92.1-92.3 -> 93.4-93.7, 27 93.9-94.6 -> 100.5-100.9.
-/// (n, warps, problems per block). They replace the entries above at those sizes; 17 and 29 tied, 21 and 31..55
-/// kept the `ldmatrix` kernels.
-const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32); 4] =
-    [(19, 2, 2), (23, 2, 1), (25, 4, 1), (27, 4, 1)];
+/// Tensor-core defaults of versions 14 and 15 (docs/gpu-notes.md): A and B copied verbatim
+/// and fragments read with 16-bit loads (`flat_fragments`), C through shared memory
+/// (`FlatC`), the verbatim copies through `cp.async` (`async_copies`) where it won: from
+/// `smallgemm tune --gpu --dtype f16 --flat-fragments` (version 14) and `--async-copies`
+/// (version 15) on an H100 and the bench against the previous defaults, alternated, twice
+/// (% of the bound, version 15): 17 73.0 -> 76.1, 18 85.5 -> 86.5-86.9, 19 92.3-93.0 ->
+/// 97.7-98.0, 20 91.2-91.6 -> 99.2-99.6, 23 97.6-97.9 -> 99.2-99.8, 25 93.1-94.1 ->
+/// 98.5-98.8, 26 91.7-92.0 -> 99.8, 28 99.7-100.3 -> 102.1-102.7, 45 93.7-94.4 ->
+/// 97.0-97.6, 52 93.2-93.5 -> 97.6-98.4, 57 93.9 -> 97.3-98.0, 58 96.0 -> 98.2-98.5; 27
+/// (version 14's) tied with `cp.async`; 29 and 59 lost, the other sizes to 64 kept their
+/// kernels. (n, warps, problems per block, `async_copies`); they replace the entries
+/// above at those sizes.
+#[rustfmt::skip]
+const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32, bool); 13] = [
+    (17, 2, 2, true), (18, 2, 1, true), (19, 2, 1, true), (20, 2, 2, true), (23, 2, 2, true),
+    (25, 2, 2, true), (26, 2, 2, true), (27, 4, 1, false), (28, 4, 1, true), (45, 2, 1, true),
+    (52, 4, 1, true), (57, 4, 1, true), (58, 4, 1, true),
+];
+
+/// Sizes whose `FlatC` `ldmatrix` defaults copy C (tight, m odd) through `cp.async`
+/// (`async_copies`): from `smallgemm tune --gpu --dtype f16 --async-copies` on an H100 and
+/// the bench against the previous defaults, alternated, twice (docs/gpu-notes.md, version
+/// 15), ahead in both runs by 2-8 points of the bound (69 82.1 -> 86.6-87.2, 125 69.8-70.6
+/// -> 77.4-78.2); 65, 73, 75, 79, 81, 83, 85 and 119 tied or lost.
+const H100_F16_ASYNC: [usize; 12] = [67, 69, 71, 77, 105, 107, 111, 113, 121, 123, 125, 127];
 
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
 /// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`); or `ldmatrix` with C
@@ -725,10 +764,11 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             _ => 0,
         };
         let flat_fragments = H100_F16_FLAT_FRAGMENTS.iter().find(|e| e.0 == big);
-        if let Some(&(_, warps, tba)) = flat_fragments {
+        if let Some(&(_, warps, tba, async_copies)) = flat_fragments {
             GpuSchedule {
                 stage: Staging::FlatC,
                 flat_fragments: true,
+                async_copies,
                 ..GpuSchedule::mma(warps.min(tiles).max(1), tba, false)
             }
         } else if let Some(&(_, warps, min_blocks, c_over_a)) =
@@ -738,6 +778,7 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
                 min_blocks,
                 c_over_a,
                 stage: Staging::FlatC,
+                async_copies: H100_F16_ASYNC.contains(&big),
                 ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
             }
         } else {
@@ -751,6 +792,7 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
                     Ldm | Pre => Staging::Padded,
                 },
                 prefetch_c: matches!(variant, Pre | FlatPre),
+                async_copies: H100_F16_ASYNC.contains(&big),
                 ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
             }
         }

@@ -441,16 +441,13 @@ fn f16_matches_the_reference() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Both tensor-core fragment loaders (16/32-bit shared loads and `ldmatrix`), the flat
-/// staging of A and B (and of C), and the prefetch of C, under several warp counts and problems per
-/// block, every transpose, padded leading dimensions, and the square sizes 16..=128.
-#[test]
-fn f16_mma_loaders_match() {
-    let Some(gpu) = gpu("f16_mma_loaders") else {
-        return;
-    };
-    let mut failures = Vec::new();
-    let mut count = 0;
+/// A tensor-core schedule variant the GPU tests run: (ldmatrix, staging, C prefetch, tiles
+/// per warp group, flat fragments, cp.async).
+type MmaVariant = (bool, Staging, bool, u32, bool, bool);
+
+/// The f16 specs the tensor-core variants run on: the correctness matrix's f16 specs from
+/// 8 up, every seventh square size from 16 to 128, padded and tight shapes.
+fn mma_variant_specs() -> Vec<GemmSpec> {
     let mut all: Vec<GemmSpec> = specs(Dtype::F16)
         .into_iter()
         .filter(|s| s.m().max(s.n()) >= 8)
@@ -496,33 +493,20 @@ fn f16_mma_loaders_match() {
                 .unwrap(),
         );
     }
-    // (ldmatrix, staging, C prefetch, tiles per warp group): both loaders as before, then
-    // the flat staging of A and B and the C prefetch, alone and together.
-    let variants = [
-        (false, Staging::Padded, false, 0, false),
-        (true, Staging::Padded, false, 0, false),
-        (true, Staging::Flat, false, 0, false),
-        (true, Staging::Padded, true, 0, false),
-        (true, Staging::Flat, true, 0, false),
-        (false, Staging::Flat, true, 0, false),
-        // C through shared memory (16-byte copies of the block's span; the prefetch is moot).
-        (true, Staging::FlatC, false, 0, false),
-        (false, Staging::FlatC, true, 0, false),
-        // Tiles of one row tile in groups sharing A's fragments (`mma_group`; a row's last
-        // group may hang over its last column tile), C in shared and in global memory.
-        (true, Staging::FlatC, false, 3, false),
-        (true, Staging::Padded, true, 2, false),
-        (false, Staging::Flat, false, 2, false),
-        // A and B copied verbatim, fragments by 16-bit loads with the k padding predicated
-        // off (`flat_fragments`), with the C prefetch and with C through shared memory.
-        (false, Staging::Flat, true, 0, true),
-        (false, Staging::FlatC, false, 0, true),
-        (false, Staging::FlatC, false, 2, true),
-    ];
-    for (i, spec) in all.iter().enumerate() {
+    all
+}
+
+/// Runs every variant under 1, 2 (3 problems per block), 8 and 16 warps on every spec of
+/// `mma_variant_specs` (where the schedule fits), against the reference; panics with the
+/// failures.
+fn check_mma_variants(gpu: &Gpu, variants: &[MmaVariant], seed: u64) {
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for (i, spec) in mma_variant_specs().iter().enumerate() {
         let p = spec.col_major();
         for (warps, tba) in [(1, 1), (2, 3), (8, 1), (16, 1)] {
-            for (ldmatrix, stage, prefetch_c, mma_group, flat_fragments) in variants {
+            for &(ldmatrix, stage, prefetch_c, mma_group, flat_fragments, async_copies) in variants
+            {
                 // Groups at the warp counts of the grouped defaults (8 and 16).
                 if (warps == 16 && !ldmatrix) || (warps < 8 && mma_group > 0) {
                     continue;
@@ -532,13 +516,14 @@ fn f16_mma_loaders_match() {
                     prefetch_c,
                     mma_group,
                     flat_fragments,
+                    async_copies,
                     ..GpuSchedule::mma(warps, tba, ldmatrix)
                 };
                 if s.validate(&p, gpu.target()).is_err() {
                     continue;
                 }
                 count += 1;
-                if let Err(e) = run_f16_with(&gpu, spec, 900 + (i * 7 + count) as u64, Some(&s)) {
+                if let Err(e) = run_f16_with(gpu, spec, seed + (i * 7 + count) as u64, Some(&s)) {
                     failures.push(format!("{s:?}: {e}"));
                 }
             }
@@ -546,6 +531,59 @@ fn f16_mma_loaders_match() {
     }
     println!("{count} f16 mma kernels checked, {} failed", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Both tensor-core fragment loaders (16/32-bit shared loads and `ldmatrix`), the flat
+/// staging of A and B (and of C), and the prefetch of C, under several warp counts and problems per
+/// block, every transpose, padded leading dimensions, and the square sizes 16..=128.
+#[test]
+fn f16_mma_loaders_match() {
+    let Some(gpu) = gpu("f16_mma_loaders") else {
+        return;
+    };
+    // (ldmatrix, staging, C prefetch, tiles per warp group, flat fragments, cp.async): both
+    // loaders as before, then the flat staging of A and B and the C prefetch, alone and
+    // together.
+    let variants: &[MmaVariant] = &[
+        (false, Staging::Padded, false, 0, false, false),
+        (true, Staging::Padded, false, 0, false, false),
+        (true, Staging::Flat, false, 0, false, false),
+        (true, Staging::Padded, true, 0, false, false),
+        (true, Staging::Flat, true, 0, false, false),
+        (false, Staging::Flat, true, 0, false, false),
+        // C through shared memory (16-byte copies of the block's span; the prefetch is moot).
+        (true, Staging::FlatC, false, 0, false, false),
+        (false, Staging::FlatC, true, 0, false, false),
+        // Tiles of one row tile in groups sharing A's fragments (`mma_group`; a row's last
+        // group may hang over its last column tile), C in shared and in global memory.
+        (true, Staging::FlatC, false, 3, false, false),
+        (true, Staging::Padded, true, 2, false, false),
+        (false, Staging::Flat, false, 2, false, false),
+        // A and B copied verbatim, fragments by 16-bit loads with the k padding predicated
+        // off (`flat_fragments`), with the C prefetch and with C through shared memory.
+        (false, Staging::Flat, true, 0, true, false),
+        (false, Staging::FlatC, false, 0, true, false),
+        (false, Staging::FlatC, false, 2, true, false),
+    ];
+    check_mma_variants(&gpu, variants, 900);
+}
+
+/// The verbatim copies into shared memory through `cp.async` (`GpuSchedule::async_copies`)
+/// on the specs and warp counts of `f16_mma_loaders_match` (its own test, so that the two
+/// can run side by side).
+#[test]
+fn f16_async_copies_match() {
+    let Some(gpu) = gpu("f16_async_copies") else {
+        return;
+    };
+    let variants: &[MmaVariant] = &[
+        // The verbatim copies through `cp.async` (`async_copies`): C's (FlatC, m odd),
+        // also with groups, and A's and B's with flat fragments.
+        (true, Staging::FlatC, false, 0, false, true),
+        (true, Staging::FlatC, false, 3, false, true),
+        (false, Staging::FlatC, false, 0, true, true),
+    ];
+    check_mma_variants(&gpu, variants, 1900);
 }
 
 /// C's copy in A's place (`GpuSchedule::c_over_a`): 8 and 16 warps and the multiples of the
