@@ -1095,7 +1095,8 @@ pub(crate) fn kernel(
     // Problem pointers (and sizes, for variable-size batches).
     let problem = problem_regs(&mut asm, p, kind, &ga, &gb, &gc, gdims.as_deref(), &pi);
     // C's copy between global memory and its padded slot in shared memory (`to_shared`: in).
-    let copy_c_pad = |asm: &mut Asm, c: CPad, sc: &str, to_shared: bool| {
+    // C's padded copy; `copy` says which way (and `CopyC::Async`: in, through `cp.async`).
+    let copy_c_pad = |asm: &mut Asm, c: CPad, sc: &str, copy: CopyC| {
         copy_c_columns(
             asm,
             &lt,
@@ -1106,8 +1107,16 @@ pub(crate) fn kernel(
             problem.ldc.max,
             c.c_ld,
             c.cv,
-            to_shared,
+            copy,
         )
+    };
+    // C's copy-in during the staging (before its barrier) may go through `cp.async`; not
+    // beside flat fragments, where it lost (H100: 18 86 -> 83%, 20 99 -> 97% of the bound;
+    // docs/gpu-notes.md, version 15).
+    let c_in_staging = if s.async_copies_apply() && !s.flat_fragments_apply() {
+        CopyC::Async
+    } else {
+        CopyC::In
     };
     let epi = Epilogue {
         dtype,
@@ -1295,7 +1304,7 @@ pub(crate) fn kernel(
         );
     }
     if let (Some(c), Some(sc), true) = (flat.c_pad, &sc, p.beta != Scalar::Zero && !flat.c_over_a) {
-        copy_c_pad(&mut asm, c, sc, true);
+        copy_c_pad(&mut asm, c, sc, c_in_staging);
     }
     asm.sink_shared_stores(staging, sink);
     asm.place(&skip_load);
@@ -1357,7 +1366,7 @@ pub(crate) fn kernel(
                 }
                 asm.comment("C into A's place in shared memory");
                 if let (Some(c), Some(sc)) = (flat.c_pad, &sc) {
-                    copy_c_pad(asm, c, sc, true);
+                    copy_c_pad(asm, c, sc, CopyC::In);
                 } else {
                     copy_c_flat(asm, true);
                 }
@@ -1384,7 +1393,7 @@ pub(crate) fn kernel(
         asm.op("bar.sync 0");
         asm.op(format!("@{out} bra {exit}"));
         asm.comment("C back to global memory, column by column");
-        copy_c_pad(&mut asm, c, sc, false);
+        copy_c_pad(&mut asm, c, sc, CopyC::Out);
     }
     if cflat_region.is_some() {
         asm.place(&cdone);
@@ -2669,7 +2678,7 @@ fn copy_c_columns(
     ldc: usize,
     c_ld: usize,
     cv: usize,
-    to_shared: bool,
+    copy: CopyC,
 ) {
     let per_col = p.m / cv;
     let total = per_col * p.n;
@@ -2693,12 +2702,24 @@ fn copy_c_columns(
             _ => ("b32", w[0].clone()),
         };
         let g = guard(&pred);
-        if to_shared {
-            asm.op(format!("{g}ld.global.{ty} {list}, [{gaddr}]"));
-            asm.op(format!("{g}st.shared.{ty} [{saddr}], {list}"));
-        } else {
-            asm.op(format!("{g}ld.shared.{ty} {list}, [{saddr}]"));
-            asm.op(format!("{g}st.global.{ty} [{gaddr}], {list}"));
+        match copy {
+            CopyC::In => {
+                asm.op(format!("{g}ld.global.{ty} {list}, [{gaddr}]"));
+                asm.op(format!("{g}st.shared.{ty} [{saddr}], {list}"));
+            }
+            CopyC::Async => {
+                // (.cg, past L1, takes 16-byte copies only.)
+                let cache = if cv == 8 { "cg" } else { "ca" };
+                asm.op(format!(
+                    "{g}cp.async.{cache}.shared.global [{saddr}], [{gaddr}], {}",
+                    cv * 2
+                ));
+                asm.async_copies = true;
+            }
+            CopyC::Out => {
+                asm.op(format!("{g}ld.shared.{ty} {list}, [{saddr}]"));
+                asm.op(format!("{g}st.global.{ty} [{gaddr}], {list}"));
+            }
         }
     }
 }
@@ -2803,6 +2824,17 @@ fn element_access(
             }
         }
     }
+}
+
+/// Which way `copy_c_columns` copies C's padded copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CopyC {
+    /// Into shared memory, through registers.
+    In,
+    /// Into shared memory through `cp.async` (the staging's barrier waits for it).
+    Async,
+    /// Back to global memory.
+    Out,
 }
 
 /// Which way `flat_copy` copies, and how it takes the partial vectors at the span's ends.

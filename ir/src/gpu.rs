@@ -222,12 +222,13 @@ pub struct GpuSchedule {
     /// Ignored elsewhere.
     #[serde(default)]
     pub flat_fragments: bool,
-    /// Tensor-core kernels of strided batches: the verbatim copies into shared memory (C's
-    /// under `FlatC` where m is odd, A's and B's under `flat_fragments`) go through
-    /// `cp.async`, global memory to shared memory without registers, so that all of them are
-    /// in flight at once beside the realigning loads; C's partial vectors at the span's
-    /// ends come whole, as A's and B's do (docs/gpu-notes.md, version 15). Ignored
-    /// elsewhere.
+    /// Tensor-core kernels of strided batches: the copies into shared memory that need no
+    /// realigning (C's under `FlatC`, verbatim where m is odd and column by column where it
+    /// is even, the latter not beside flat fragments; A's and B's under `flat_fragments`)
+    /// go through `cp.async`, global memory to
+    /// shared memory without registers, so that all of them are in flight at once beside
+    /// the realigning loads; C's partial vectors at a verbatim span's ends come whole, as
+    /// A's and B's do (docs/gpu-notes.md, version 15). Ignored elsewhere.
     #[serde(default)]
     pub async_copies: bool,
 }
@@ -721,12 +722,17 @@ const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32, bool); 13] = [
     (52, 4, 1, true), (57, 4, 1, true), (58, 4, 1, true),
 ];
 
-/// Sizes whose `FlatC` `ldmatrix` defaults copy C (tight, m odd) through `cp.async`
-/// (`async_copies`): from `smallgemm tune --gpu --dtype f16 --async-copies` on an H100 and
-/// the bench against the previous defaults, alternated, twice (docs/gpu-notes.md, version
-/// 15), ahead in both runs by 2-8 points of the bound (69 82.1 -> 86.6-87.2, 125 69.8-70.6
-/// -> 77.4-78.2); 65, 73, 75, 79, 81, 83, 85 and 119 tied or lost.
-const H100_F16_ASYNC: [usize; 12] = [67, 69, 71, 77, 105, 107, 111, 113, 121, 123, 125, 127];
+/// Sizes whose `FlatC` `ldmatrix` defaults copy C through `cp.async` (`async_copies`; m odd:
+/// the span verbatim, m even: its padded copy): from `smallgemm tune --gpu --dtype f16
+/// --async-copies` on an H100 and the bench against the previous defaults, alternated,
+/// twice (docs/gpu-notes.md, version 15), ahead in both runs by 1-8 points of the bound
+/// (69 82.1 -> 86.6-87.2, 98 81.3-81.5 -> 85.1-85.2, 125 69.8-70.6 -> 77.4-78.2); 65, 73,
+/// 75, 79, 81, 83, 85, 119 and the other even sizes from 66 tied or lost.
+#[rustfmt::skip]
+const H100_F16_ASYNC: [usize; 22] = [
+    66, 67, 68, 69, 71, 74, 77, 90, 98, 105, 107, 108, 110, 111, 113, 114, 118, 121, 122, 123,
+    125, 127,
+];
 
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
 /// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`); or `ldmatrix` with C
