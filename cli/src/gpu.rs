@@ -712,19 +712,31 @@ fn async_candidates(
             }
         }
     }
-    let code = |s: &GpuSchedule| ptx_code(spec, target, s);
-    let mut seen: Vec<Option<String>> = out.iter().map(code).collect();
+    let mut seen: Vec<Option<String>> = out.iter().map(|s| ptx_code(spec, target, s)).collect();
+    push_distinct(spec, target, &mut out, &mut seen, more);
+    out
+}
+
+/// Appends the schedules of `more` that fit and whose code is none of `seen`'s (the codes
+/// of `out` so far, kept up to date).
+fn push_distinct(
+    spec: &GemmSpec,
+    target: &GpuTarget,
+    out: &mut Vec<GpuSchedule>,
+    seen: &mut Vec<Option<String>>,
+    more: impl IntoIterator<Item = GpuSchedule>,
+) {
+    let p = spec.col_major();
     for s in more {
         if s.validate(&p, target).is_err() || out.contains(&s) {
             continue;
         }
-        let text = code(&s);
+        let text = ptx_code(spec, target, &s);
         if !seen.contains(&text) {
             seen.push(text);
             out.push(s);
         }
     }
-    out
 }
 
 /// `tune --groups`: the planned schedule and `FlatC` with `ldmatrix`, 8 and 16 warps, one
@@ -809,16 +821,7 @@ fn c_over_a_candidates(
                 }));
             }
         }
-        for c in more {
-            if c.validate(&p, target).is_err() || out.contains(&c) {
-                continue;
-            }
-            let text = code(&c);
-            if !seen.contains(&text) {
-                seen.push(text);
-                out.push(c);
-            }
-        }
+        push_distinct(spec, target, &mut out, &mut seen, more);
     }
     out
 }
@@ -1076,4 +1079,42 @@ fn tune_buckets(
         100.0 * current
     );
     Ok(picks.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn square(n: usize) -> GemmSpec {
+        GemmSpec::builder(Dtype::F16, n, n, n)
+            .alpha(Scalar::fixed(1.5).unwrap())
+            .beta(Scalar::fixed(0.5).unwrap())
+            .build()
+            .unwrap()
+    }
+
+    /// `tune --async-copies` offers the planned schedule first, then only schedules that fit
+    /// and whose code differs: at 127 the planned one with `cp.async`, at 20 also the
+    /// flat-fragment ones.
+    #[test]
+    fn async_candidates_are_distinct_and_fit() {
+        let target = GpuTarget::new(Sm::Sm90);
+        for n in [20, 45, 126, 127] {
+            let spec = square(n);
+            let planned = smallgemm_codegen_ptx::plan(&spec, &target, BatchKind::Strided).unwrap();
+            let c = async_candidates(&spec, &target, Some(planned));
+            assert_eq!(c[0], planned, "n = {n}");
+            assert!(
+                c.iter().any(|s| s.async_copies != planned.async_copies),
+                "n = {n}"
+            );
+            let codes: Vec<_> = c.iter().map(|s| ptx_code(&spec, &target, s)).collect();
+            for (i, code) in codes.iter().enumerate() {
+                assert!(code.is_some(), "n = {n}: {:?} does not compile", c[i]);
+                assert!(!codes[..i].contains(code), "n = {n}: {:?} repeats", c[i]);
+                assert!(c[i].validate(&spec.col_major(), &target).is_ok());
+            }
+            assert_eq!(c.iter().any(|s| s.flat_fragments), n <= 64, "n = {n}");
+        }
+    }
 }
