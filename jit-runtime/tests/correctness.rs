@@ -208,15 +208,7 @@ fn prefetching(isa: Isa) {
             // tall as m where the registers allow).
             let streaming = smallgemm_ir::plan_streaming(&spec.col_major(), jit.target(), &planned);
             for s in [s, streaming] {
-                match dtype {
-                    Dtype::F64 => {
-                        common::check_spec_with::<f64>(&jit, &spec, Some(&s), batch, seed)
-                    }
-                    Dtype::F32 => {
-                        common::check_spec_with::<f32>(&jit, &spec, Some(&s), batch, seed)
-                    }
-                    Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
-                }
+                common::check_schedule(&jit, &spec, Some(&s), batch, seed);
             }
         }
     }
@@ -287,11 +279,7 @@ fn wide_tail_blocks(isa: Isa) {
                 i % 3,
             );
             let batch = BATCHES[i % BATCHES.len()];
-            match dtype {
-                Dtype::F64 => common::check_spec_with::<f64>(&jit, &spec, Some(&s), batch, seed),
-                Dtype::F32 => common::check_spec_with::<f32>(&jit, &spec, Some(&s), batch, seed),
-                Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
-            }
+            common::check_schedule(&jit, &spec, Some(&s), batch, seed);
         }
     }
 }
@@ -368,15 +356,7 @@ fn dot_product_tails_avx512() {
             };
             let batch = BATCHES[i % BATCHES.len()];
             for s in [planned, looped] {
-                match dtype {
-                    Dtype::F64 => {
-                        common::check_spec_with::<f64>(&jit, &spec, Some(&s), batch, seed)
-                    }
-                    Dtype::F32 => {
-                        common::check_spec_with::<f32>(&jit, &spec, Some(&s), batch, seed)
-                    }
-                    Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
-                }
+                common::check_schedule(&jit, &spec, Some(&s), batch, seed);
             }
         }
     }
@@ -446,22 +426,7 @@ fn lane_packed(isa: Isa) {
                             kernels += 1;
                             for batch in [1, 2, 3, 5, 8, 13, 17] {
                                 seed += 1;
-                                match dtype {
-                                    Dtype::F64 => common::check_spec_with::<f64>(
-                                        &jit,
-                                        &spec,
-                                        Some(&s),
-                                        batch,
-                                        seed,
-                                    ),
-                                    _ => common::check_spec_with::<f32>(
-                                        &jit,
-                                        &spec,
-                                        Some(&s),
-                                        batch,
-                                        seed,
-                                    ),
-                                }
+                                common::check_schedule(&jit, &spec, Some(&s), batch, seed);
                             }
                         }
                     }
@@ -527,15 +492,7 @@ fn shipped_schedules() {
                     continue;
                 }
                 let (batch, seed) = (BATCHES[j % BATCHES.len()], 130_000 + (5 * i + j) as u64);
-                match dtype {
-                    Dtype::F64 => {
-                        common::check_spec_with::<f64>(&jit, &spec, Some(schedule), batch, seed)
-                    }
-                    Dtype::F32 => {
-                        common::check_spec_with::<f32>(&jit, &spec, Some(schedule), batch, seed)
-                    }
-                    Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
-                }
+                common::check_schedule(&jit, &spec, Some(schedule), batch, seed);
                 checked += 1;
             }
             // A shipped schedule that fits none of its shape's specs would never be used.

@@ -1,7 +1,7 @@
 //! Shared by the integration tests: run one spec through the JIT and through the Program
 //! interpreter on the same data, check both against the reference and each other.
 
-use smallgemm::{Element, GemmSpec, Jit, Schedule};
+use smallgemm::{Dtype, Element, GemmSpec, Jit, Schedule};
 use smallgemm_ir::reference::TestData;
 
 /// The alpha and beta values a spec's kinds call for (arbitrary ones for `Runtime`).
@@ -16,6 +16,21 @@ pub fn scalars(spec: &GemmSpec) -> (f64, f64) {
 /// sentinels, and checks that the interpreter of the same Program produces the same bits.
 pub fn check_spec<T: Element>(jit: &Jit, spec: &GemmSpec, batch: usize, seed: u64) {
     check_spec_with::<T>(jit, spec, None, batch, seed)
+}
+
+/// [`check_spec_with`] at the spec's own element type (f64 or f32: the CPU's).
+pub fn check_schedule(
+    jit: &Jit,
+    spec: &GemmSpec,
+    schedule: Option<&Schedule>,
+    batch: usize,
+    seed: u64,
+) {
+    match spec.dtype() {
+        Dtype::F64 => check_spec_with::<f64>(jit, spec, schedule, batch, seed),
+        Dtype::F32 => check_spec_with::<f32>(jit, spec, schedule, batch, seed),
+        Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
+    }
 }
 
 /// As [`check_spec`], with `schedule` instead of the planner's (or the tuned) one.
