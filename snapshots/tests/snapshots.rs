@@ -2,7 +2,7 @@
 //! insta file snapshots. Code generation does not depend on the host CPU, so these run
 //! everywhere.
 
-use smallgemm::{generate, listing, Isa, Target};
+use smallgemm::{generate, listing, GemmSpec, Isa, Target};
 use smallgemm_snapshots::fixed_specs;
 
 fn check(isa: Isa) {
@@ -48,13 +48,19 @@ fn neon_lowered_programs() {
     }
 }
 
+/// The fixed spec named `name`.
+fn fixed_spec(name: &str) -> GemmSpec {
+    fixed_specs()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, spec)| spec)
+        .unwrap_or_else(|| panic!("no fixed spec {name}"))
+}
+
 #[test]
 fn neon_has_fmla_by_element_paired_loads_and_partial_tails() {
     let find = |wanted: &str| {
-        let (_, spec) = fixed_specs()
-            .into_iter()
-            .find(|(n, _)| *n == wanted)
-            .unwrap();
+        let spec = fixed_spec(wanted);
         listing(
             Isa::Neon,
             &generate(&spec, Target::NEON, None).unwrap().code,
@@ -74,10 +80,7 @@ fn neon_has_fmla_by_element_paired_loads_and_partial_tails() {
 
 #[test]
 fn avx512_has_zmm_fmas_and_opmasks_on_tails() {
-    let (_, spec) = fixed_specs()
-        .into_iter()
-        .find(|(n, _)| *n == "d_13x3x5_tails_runtime")
-        .unwrap();
+    let spec = fixed_spec("d_13x3x5_tails_runtime");
     let text = listing(
         Isa::Avx512,
         &generate(&spec, Target::AVX512, None).unwrap().code,
@@ -113,10 +116,7 @@ fn lowered_programs() {
 /// columns, summed across lanes by 128-bit block and element shuffles with adds.
 #[test]
 fn avx512_sums_the_dot_tail_across_lanes() {
-    let (_, spec) = fixed_specs()
-        .into_iter()
-        .find(|(n, _)| *n == "d_9x8x9_dot_tail")
-        .unwrap();
+    let spec = fixed_spec("d_9x8x9_dot_tail");
     let generated = generate(&spec, Target::new(Isa::Avx512), None).unwrap();
     assert!(generated.schedule.dot_tail, "{:?}", generated.schedule);
     let text = listing(Isa::Avx512, &generated.code);
