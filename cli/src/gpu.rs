@@ -701,16 +701,15 @@ fn async_candidates(
         .into_iter()
         .collect();
     if p.m.max(p.n) <= 64 {
-        for warps in [1, 2, 4] {
-            for tba in [1, 2] {
-                more.push(GpuSchedule {
-                    stage: Staging::FlatC,
-                    flat_fragments: true,
+        more.extend(
+            flat_fragment_candidates(spec, target, None)
+                .into_iter()
+                .filter(|s| s.stage == Staging::FlatC && s.warps <= 4)
+                .map(|s| GpuSchedule {
                     async_copies: true,
-                    ..GpuSchedule::mma(warps, tba, false)
-                });
-            }
-        }
+                    ..s
+                }),
+        );
     }
     let mut seen: Vec<Option<String>> = out.iter().map(|s| ptx_code(spec, target, s)).collect();
     push_distinct(spec, target, &mut out, &mut seen, more);
