@@ -2903,6 +2903,25 @@ fn flat_copy(
             .then(|| asm.lt(tid, &(vectors - i * threads).to_string()));
         let fs = asm.reg(Kind::B32);
         asm.op(format!("add.s32 {fs}, {f0}, {}", i * threads * v));
+        // The same offset in global and shared memory: the span is copied as it lies.
+        let off = i * threads * 16;
+        if matches!(copy, FlatCopy::WholeEnds | FlatCopy::Async) {
+            // Vectors that start before the span's end (the span stops at the batch's).
+            let before_end = asm.reg(Kind::Pred);
+            asm.op(format!("setp.lt.s32 {before_end}, {fs}, {end}"));
+            let pred = guard(&asm.and(Some(before_end), inq.clone()));
+            if copy == FlatCopy::Async {
+                asm.op(format!(
+                    "{pred}cp.async.cg.shared.global [{sq}+{off}], [{gq}+{off}], 16"
+                ));
+                asm.async_copies = true;
+            } else {
+                let (_, list) = words(asm);
+                asm.op(format!("{pred}ld.global.v4.b32 {list}, [{gq}+{off}]"));
+                asm.op(format!("{pred}st.shared.v4.b32 [{sq}+{off}], {list}"));
+            }
+            continue;
+        }
         let p1 = asm.reg(Kind::Pred);
         asm.op(format!("setp.ge.s32 {p1}, {fs}, 0"));
         let p2 = asm.reg(Kind::Pred);
@@ -2923,8 +2942,6 @@ fn flat_copy(
             }
             None => full.clone(),
         };
-        // The same offset in global and shared memory: the span is copied as it lies.
-        let off = i * threads * 16;
         let (w, list) = words(asm);
         let done = asm.label();
         // A partial vector, element by element: those whose index lies in [0, end).
@@ -2942,28 +2959,7 @@ fn flat_copy(
                 element_access(asm, dtype, &w, e, &addr, store, &valid);
             }
         };
-        if matches!(copy, FlatCopy::WholeEnds | FlatCopy::Async) {
-            // Vectors that start before the span's end (the span stops at the batch's).
-            let before_end = asm.reg(Kind::Pred);
-            asm.op(format!("setp.lt.s32 {before_end}, {fs}, {end}"));
-            let pred = asm.and(Some(before_end), inq.clone());
-            if copy == FlatCopy::Async {
-                asm.op(format!(
-                    "{}cp.async.cg.shared.global [{sq}+{off}], [{gq}+{off}], 16",
-                    guard(&pred)
-                ));
-                asm.async_copies = true;
-                continue;
-            }
-            asm.op(format!(
-                "{}ld.global.v4.b32 {list}, [{gq}+{off}]",
-                guard(&pred)
-            ));
-            asm.op(format!(
-                "{}st.shared.v4.b32 [{sq}+{off}], {list}",
-                guard(&pred)
-            ));
-        } else if to_shared {
+        if to_shared {
             for r in &w {
                 asm.op(format!("mov.b32 {r}, 0"));
             }
