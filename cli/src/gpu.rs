@@ -542,6 +542,14 @@ struct TuneArgs {
     /// problems per block) with `cp.async`.
     #[arg(long)]
     async_copies: bool,
+    /// f16 tensor-core candidates: only the planned schedule, then with A and B realigned
+    /// in shared memory from verbatim copies (`realign_in_shared`, where it takes effect):
+    /// the planned schedule and `FlatC` with `ldmatrix` at 8, 16 and each multiple of the
+    /// row tiles from 4 to 16 warps, with and without the other copies through `cp.async`,
+    /// and with and without C's copy in A's place (warps keeping one row of tiles each) or
+    /// in groups of 1, 2 and 3 tiles (the others).
+    #[arg(long)]
+    realign_in_shared: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -711,6 +719,69 @@ fn async_candidates(
                 }),
         );
     }
+    let mut seen: Vec<Option<String>> = out.iter().map(|s| ptx_code(spec, target, s)).collect();
+    push_distinct(spec, target, &mut out, &mut seen, more);
+    out
+}
+
+/// `tune --realign-in-shared`: the planned schedule, then with `realign_in_shared` (where
+/// it changes the code): the planned schedule and `FlatC` with `ldmatrix` at 8 and 16
+/// warps and each multiple of the row tiles from 4 to 16, one problem per block, each with
+/// and without `async_copies`, and where the warps keep one row of tiles each with and
+/// without `c_over_a`, elsewhere in groups of 1, 2 and 3 tiles.
+fn realign_candidates(
+    spec: &GemmSpec,
+    target: &GpuTarget,
+    planned: Option<GpuSchedule>,
+) -> Vec<GpuSchedule> {
+    let mt = spec.col_major().m.div_ceil(16) as u32;
+    let mut out: Vec<GpuSchedule> = planned.into_iter().collect();
+    let mut warps = vec![8, 16];
+    warps.extend((1..=16).map(|j| j * mt).filter(|w| (4..=16).contains(w)));
+    warps.sort_unstable();
+    warps.dedup();
+    let flatc = warps.into_iter().map(|warps| GpuSchedule {
+        stage: Staging::FlatC,
+        ..GpuSchedule::mma(warps, 1, true)
+    });
+    let mut more = Vec::new();
+    for s in planned.into_iter().chain(flatc) {
+        let s = GpuSchedule {
+            realign_in_shared: true,
+            ..s
+        };
+        let layouts: Vec<GpuSchedule> = if s.warps % mt == 0 {
+            [false, true]
+                .map(|c_over_a| GpuSchedule {
+                    c_over_a,
+                    mma_group: 0,
+                    ..s
+                })
+                .into()
+        } else {
+            [0, 2, 3]
+                .map(|mma_group| GpuSchedule {
+                    c_over_a: false,
+                    mma_group,
+                    ..s
+                })
+                .into()
+        };
+        for l in layouts {
+            more.extend(
+                [s.async_copies, !s.async_copies]
+                    .map(|async_copies| GpuSchedule { async_copies, ..l }),
+            );
+        }
+    }
+    // Only where the flag changes the code (A or B realigned).
+    more.retain(|s| {
+        let without = GpuSchedule {
+            realign_in_shared: false,
+            ..*s
+        };
+        ptx_code(spec, target, s) != ptx_code(spec, target, &without)
+    });
     let mut seen: Vec<Option<String>> = out.iter().map(|s| ptx_code(spec, target, s)).collect();
     push_distinct(spec, target, &mut out, &mut seen, more);
     out
@@ -935,6 +1006,9 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                 _ if args.async_copies && d == Dtype::F16 => {
                     async_candidates(&spec, gpu.target(), planned)
                 }
+                _ if args.realign_in_shared && d == Dtype::F16 => {
+                    realign_candidates(&spec, gpu.target(), planned)
+                }
                 _ => candidates(&spec, gpu.target()),
             };
             for s in all
@@ -1114,6 +1188,28 @@ mod tests {
                 assert!(c[i].validate(&spec.col_major(), &target).is_ok());
             }
             assert_eq!(c.iter().any(|s| s.flat_fragments), n <= 64, "n = {n}");
+        }
+    }
+
+    /// `tune --realign-in-shared` offers the planned schedule first, then distinct ones
+    /// that fit, with the flag where A and B are realigned (97, 115, 127), nothing more
+    /// where they are not (128, a multiple of 8).
+    #[test]
+    fn realign_candidates_are_distinct_and_fit() {
+        let target = GpuTarget::new(Sm::Sm90);
+        for n in [97, 115, 127, 128] {
+            let spec = square(n);
+            let planned = smallgemm_codegen_ptx::plan(&spec, &target, BatchKind::Strided).unwrap();
+            let c = realign_candidates(&spec, &target, Some(planned));
+            assert_eq!(c[0], planned, "n = {n}");
+            let codes: Vec<_> = c.iter().map(|s| ptx_code(&spec, &target, s)).collect();
+            for (i, code) in codes.iter().enumerate() {
+                assert!(code.is_some(), "n = {n}: {:?} does not compile", c[i]);
+                assert!(!codes[..i].contains(code), "n = {n}: {:?} repeats", c[i]);
+                assert!(c[i].validate(&spec.col_major(), &target).is_ok());
+            }
+            assert_eq!(c.len() > 1, n != 128, "n = {n}: {c:?}");
+            assert!(c[1..].iter().all(|s| s.realign_in_shared), "n = {n}");
         }
     }
 }

@@ -643,25 +643,37 @@ fn load_flat(
 /// stage like the multiples of 8, `ldmatrix` fragments unchanged. Halves past `lead` in a
 /// column's last vector are zeros (the k padding, where lead is k). A vector's loads come
 /// before its shifts and store; ptxas schedules loads of later vectors early by itself.
+/// Reading from a verbatim copy in the slot itself (`RealignFrom::Shared`), it returns the
+/// stores instead of emitting them: they may follow only a barrier after every thread's
+/// reads (`store_realigned`).
 #[allow(clippy::too_many_arguments)]
 fn load_realigned(
     asm: &mut Asm,
     lt: &str,
     tpp: usize,
-    global: &str,
+    from: RealignFrom,
     shared: &str,
     lead: usize,
     others: usize,
     so: usize,
     multiply_high: bool,
-) {
+) -> Vec<RealignedStore> {
     debug_assert!(so % 8 == 0);
     let per_col = lead.div_ceil(8);
     let total = per_col * others;
     // Halves of a column's last vector inside the column (0: all eight).
     let tail = lead % 8;
-    let glo = asm.reg(Kind::B32);
-    asm.op(format!("cvt.u32.u64 {glo}, {global}"));
+    // The low word of the first element's address: its low 4 bits, the misalignment, are
+    // the same in the verbatim copy (copied vector by vector) as in global memory.
+    let glo = match from {
+        RealignFrom::Global(global) => {
+            let glo = asm.reg(Kind::B32);
+            asm.op(format!("cvt.u32.u64 {glo}, {global}"));
+            glo
+        }
+        RealignFrom::Shared(first) => first.to_string(),
+    };
+    let mut stores = Vec::new();
     // One vector at a time: emitting the loads of two vectors before their stores gave the
     // same registers under `ptxas -v` (81..90 at 8 and 16 warps).
     for i in 0..total.div_ceil(tpp) {
@@ -674,11 +686,22 @@ fn load_realigned(
         asm.op(format!("add.u32 {shift}, {glo}, {off}"));
         asm.op(format!("and.b32 {shift}, {shift}, 15"));
         asm.op(format!("sub.u32 {off}, {off}, {shift}"));
-        let off64 = asm.reg(Kind::B64);
-        // Signed: the first vector's boundary may lie below the matrix.
-        asm.op(format!("cvt.s64.s32 {off64}, {off}"));
-        let addr = asm.reg(Kind::B64);
-        asm.op(format!("add.u64 {addr}, {global}, {off64}"));
+        let (addr, space) = match from {
+            RealignFrom::Global(global) => {
+                let off64 = asm.reg(Kind::B64);
+                // Signed: the first vector's boundary may lie below the matrix.
+                asm.op(format!("cvt.s64.s32 {off64}, {off}"));
+                let addr = asm.reg(Kind::B64);
+                asm.op(format!("add.u64 {addr}, {global}, {off64}"));
+                (addr, "global")
+            }
+            RealignFrom::Shared(first) => {
+                // The copy starts at the slot's 16-byte boundary: no boundary below it.
+                let addr = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {addr}, {first}, {off}"));
+                (addr, "shared")
+            }
+        };
         // The second vector is needed when the halves run past the first.
         let second = asm.reg(Kind::Pred);
         asm.op(format!("setp.ne.u32 {second}, {shift}, 0"));
@@ -700,12 +723,12 @@ fn load_realigned(
             asm.op(format!("mov.b32 {x}, 0"));
         }
         asm.op(format!(
-            "{}ld.global.v4.b32 {{{}}}, [{addr}]",
+            "{}ld.{space}.v4.b32 {{{}}}, [{addr}]",
             guard(&pred),
             w[..4].join(", ")
         ));
         asm.op(format!(
-            "@{second} ld.global.v4.b32 {{{}}}, [{addr}+16]",
+            "@{second} ld.{space}.v4.b32 {{{}}}, [{addr}+16]",
             w[4..].join(", ")
         ));
         // Word j of the result: bytes shift + 4j.. of w; select by the shift's word
@@ -758,10 +781,86 @@ fn load_realigned(
         let at = asm.reg(Kind::B32);
         asm.op(format!("mad.lo.u32 {at}, {col}, {}, {shared}", 2 * so));
         asm.op(format!("mad.lo.u32 {at}, {r}, 16, {at}"));
+        let store = RealignedStore { pred, at, words: o };
+        match from {
+            RealignFrom::Global(_) => store_realigned(asm, &[store]),
+            RealignFrom::Shared(_) => stores.push(store),
+        }
+    }
+    stores
+}
+
+/// An operand copied verbatim into its slot, to be realigned there (`realign_in_shared`).
+struct DeferredRealign {
+    /// Shared address of the copy's first element.
+    first: String,
+    /// Shared address of the slot.
+    slot: String,
+    lead: usize,
+    others: usize,
+    so: usize,
+    op: Operand,
+}
+
+/// Copies one problem's tight, packed f16 operand (`len` halves at `global`) verbatim into
+/// the start of its padded slot at `slot` (16-byte aligned) through `cp.async`, in 16-byte
+/// vectors from the boundary at or below its first element; returns the shared address of
+/// that element, or `None` (nothing emitted) where the copy is larger than the slot's
+/// `slot_bytes`.
+fn copy_verbatim(
+    asm: &mut Asm,
+    lt: &str,
+    tpp: usize,
+    global: &str,
+    slot: &str,
+    len: usize,
+    slot_bytes: usize,
+) -> Option<String> {
+    let vectors = (len + 7).div_ceil(8);
+    if vectors * 16 > slot_bytes {
+        return None;
+    }
+    let end = asm.imm32(len as u64);
+    let shift = flat_copy(
+        asm,
+        Dtype::F16,
+        lt,
+        tpp,
+        global,
+        &end,
+        slot,
+        vectors,
+        FlatCopy::Async,
+    );
+    let first = asm.reg(Kind::B32);
+    asm.op(format!("add.u32 {first}, {slot}, {shift}"));
+    Some(first)
+}
+
+/// Where `load_realigned` reads an operand.
+#[derive(Clone, Copy, Debug)]
+enum RealignFrom<'a> {
+    /// Global memory: the 64-bit address of the problem's first element.
+    Global(&'a str),
+    /// The operand's verbatim copy at the start of its own padded slot (`GpuSchedule::
+    /// realign_in_shared`): the 32-bit shared address of its first element.
+    Shared(&'a str),
+}
+
+/// One realigned 16-byte vector, ready to be stored into the padded slot.
+struct RealignedStore {
+    pred: Option<String>,
+    at: String,
+    words: Vec<String>,
+}
+
+fn store_realigned(asm: &mut Asm, stores: &[RealignedStore]) {
+    for s in stores {
         asm.op(format!(
-            "{}st.shared.v4.b32 [{at}], {{{}}}",
-            guard(&pred),
-            o.join(", ")
+            "{}st.shared.v4.b32 [{}], {{{}}}",
+            guard(&s.pred),
+            s.at,
+            s.words.join(", ")
         ));
     }
 }
@@ -1154,6 +1253,8 @@ pub(crate) fn kernel(
         ),
         None => (p.m, p.k, p.n),
     };
+    // Operands copied verbatim into their slots, realigned there once all copies are in.
+    let mut deferred: Vec<DeferredRealign> = Vec::new();
     // A: op(A)[i, p] at i * a_row + p * a_col; stored lead is i (N) or p (T).
     let (lead, other, lext, oext, sl, so) = match p.trans_a {
         Trans::N => (
@@ -1192,24 +1293,49 @@ pub(crate) fn kernel(
             &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
         );
     } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
-        if dtype == Dtype::F16 && sl == 1 && so % 8 == 0 {
-            load_realigned(
-                &mut asm,
-                &lt,
-                tpp,
-                &problem.a,
-                &sa,
-                lead.max,
-                other.max,
+        let realign = dtype == Dtype::F16 && sl == 1 && so % 8 == 0;
+        let verbatim = (realign && s.realign_in_shared_apply())
+            .then(|| {
+                copy_verbatim(
+                    &mut asm,
+                    &lt,
+                    tpp,
+                    &problem.a,
+                    &sa,
+                    packed,
+                    layout.a_len * elt,
+                )
+            })
+            .flatten();
+        if let Some(first) = verbatim {
+            deferred.push(DeferredRealign {
+                first,
+                slot: sa.clone(),
+                lead: lead.max,
+                others: other.max,
                 so,
-                s.stage == Staging::FlatC || s.mul_hi_applies(),
-            );
+                op: Operand::A,
+            });
         } else {
-            load_flat(
-                &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
-            );
+            if realign {
+                load_realigned(
+                    &mut asm,
+                    &lt,
+                    tpp,
+                    RealignFrom::Global(&problem.a),
+                    &sa,
+                    lead.max,
+                    other.max,
+                    so,
+                    s.stage == Staging::FlatC || s.mul_hi_applies(),
+                );
+            } else {
+                load_flat(
+                    &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
+                );
+            }
+            zero_k_padding(&mut asm, &lt, tpp, &sa, Operand::A, p, &layout, kext);
         }
-        zero_k_padding(&mut asm, &lt, tpp, &sa, Operand::A, p, &layout, kext);
     } else {
         load_operand(
             &mut asm,
@@ -1266,24 +1392,50 @@ pub(crate) fn kernel(
             &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
         );
     } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
-        if dtype == Dtype::F16 && sl == 1 && so % 8 == 0 {
-            load_realigned(
-                &mut asm,
-                &lt,
-                tpp,
-                &problem.b,
-                &sb,
-                lead.max,
-                other.max,
+        let realign = dtype == Dtype::F16 && sl == 1 && so % 8 == 0;
+        // (B's slot follows A's: its copy needs a 16-byte boundary there.)
+        let verbatim = (realign && s.realign_in_shared_apply() && flat.b_in_slot * elt % 16 == 0)
+            .then(|| {
+                copy_verbatim(
+                    &mut asm,
+                    &lt,
+                    tpp,
+                    &problem.b,
+                    &sb,
+                    packed,
+                    layout.b_len * elt,
+                )
+            })
+            .flatten();
+        if let Some(first) = verbatim {
+            deferred.push(DeferredRealign {
+                first,
+                slot: sb.clone(),
+                lead: lead.max,
+                others: other.max,
                 so,
-                s.stage == Staging::FlatC || s.mul_hi_applies(),
-            );
+                op: Operand::B,
+            });
         } else {
-            load_flat(
-                &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
-            );
+            if realign {
+                load_realigned(
+                    &mut asm,
+                    &lt,
+                    tpp,
+                    RealignFrom::Global(&problem.b),
+                    &sb,
+                    lead.max,
+                    other.max,
+                    so,
+                    s.stage == Staging::FlatC || s.mul_hi_applies(),
+                );
+            } else {
+                load_flat(
+                    &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
+                );
+            }
+            zero_k_padding(&mut asm, &lt, tpp, &sb, Operand::B, p, &layout, kext);
         }
-        zero_k_padding(&mut asm, &lt, tpp, &sb, Operand::B, p, &layout, kext);
     } else {
         load_operand(
             &mut asm,
@@ -1306,7 +1458,36 @@ pub(crate) fn kernel(
     if let (Some(c), Some(sc), true) = (flat.c_pad, &sc, p.beta != Scalar::Zero && !flat.c_over_a) {
         copy_c_pad(&mut asm, c, sc, c_in_staging);
     }
-    asm.sink_shared_stores(staging, sink);
+    if !deferred.is_empty() {
+        // Every thread reads its vectors of every copy, then all store over the copies.
+        asm.comment("realign the verbatim copies in their slots");
+        asm.op("cp.async.wait_all");
+        asm.op("bar.sync 0");
+        let multiply_high = s.stage == Staging::FlatC || s.mul_hi_applies();
+        let stores: Vec<Vec<RealignedStore>> = deferred
+            .iter()
+            .map(|d| {
+                load_realigned(
+                    &mut asm,
+                    &lt,
+                    tpp,
+                    RealignFrom::Shared(&d.first),
+                    &d.slot,
+                    d.lead,
+                    d.others,
+                    d.so,
+                    multiply_high,
+                )
+            })
+            .collect();
+        asm.op("bar.sync 0");
+        for (d, stores) in deferred.iter().zip(&stores) {
+            store_realigned(&mut asm, stores);
+            zero_k_padding(&mut asm, &lt, tpp, &d.slot, d.op, p, &layout, kext);
+        }
+    } else {
+        asm.sink_shared_stores(staging, sink);
+    }
     asm.place(&skip_load);
     if asm.async_copies {
         asm.op("cp.async.wait_all");

@@ -155,8 +155,13 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     let mh = if s.mul_hi_applies() { "_mh" } else { "" };
     let ff = if s.flat_fragments_apply() { "_ff" } else { "" };
     let cpa = if s.async_copies_apply() { "_cpa" } else { "" };
+    let rsh = if s.realign_in_shared_apply() {
+        "_rsh"
+    } else {
+        ""
+    };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}",
         spec.name(),
         kind.suffix(),
         s.tba
@@ -183,6 +188,7 @@ pub fn plan(spec: &GemmSpec, target: &GpuTarget, kind: BatchKind) -> Result<GpuS
     if kind != BatchKind::Strided {
         // Nothing is copied verbatim there.
         s.async_copies = false;
+        s.realign_in_shared = false;
     }
     let big = p.m.max(p.n);
     if kind == BatchKind::VariableSize && (25..=32).contains(&big) && p.dtype != Dtype::F16 {

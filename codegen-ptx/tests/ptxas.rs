@@ -62,8 +62,9 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// The tensor-core schedules the GPU tests try besides the planned ones: both fragment
 /// loaders, padded and flat staging (C too with `FlatC`), with and without the C prefetch,
 /// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`), A and
-/// B copied verbatim with 16-bit fragment loads (`flat_fragments`), and the verbatim copies
-/// through `cp.async` (`async_copies`).
+/// B copied verbatim with 16-bit fragment loads (`flat_fragments`), the verbatim copies
+/// through `cp.async` (`async_copies`), and A and B realigned in shared memory
+/// (`realign_in_shared`).
 fn mma_variants() -> Vec<GpuSchedule> {
     let mut out = Vec::new();
     for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
@@ -84,6 +85,16 @@ fn mma_variants() -> Vec<GpuSchedule> {
                         out.push(GpuSchedule {
                             stage,
                             async_copies: true,
+                            ..GpuSchedule::mma(warps, tba, ldmatrix)
+                        });
+                    }
+                    if stage != Staging::Padded {
+                        // A and B realigned from verbatim copies in their slots.
+                        out.push(GpuSchedule {
+                            stage,
+                            prefetch_c,
+                            async_copies: prefetch_c,
+                            realign_in_shared: true,
                             ..GpuSchedule::mma(warps, tba, ldmatrix)
                         });
                     }

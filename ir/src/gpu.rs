@@ -231,6 +231,17 @@ pub struct GpuSchedule {
     /// A's and B's do (docs/gpu-notes.md, version 15). Ignored elsewhere.
     #[serde(default)]
     pub async_copies: bool,
+    /// Tensor-core kernels of strided batches with one problem per block, whose A and B are
+    /// realigned into their padded slots (f16 sizes no multiple of 8, `Staging::Flat` or
+    /// `FlatC`, `ldmatrix` or not, no flat fragments): each operand is first copied verbatim
+    /// into the start of its own slot through `cp.async` (all of it in flight at once, no
+    /// registers), then realigned from there, shared memory to shared memory: every thread
+    /// reads and shifts its vectors, a barrier, and the stores overwrite the copy. The
+    /// global loads then no longer go out in rounds bounded by the registers (version 15's
+    /// limit at the large odd sizes). Ignored elsewhere, and for an operand whose verbatim
+    /// copy is larger than its slot.
+    #[serde(default)]
+    pub realign_in_shared: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -306,6 +317,7 @@ impl GpuSchedule {
             mul_hi_slots: false,
             flat_fragments: false,
             async_copies: false,
+            realign_in_shared: false,
         }
     }
 
@@ -329,6 +341,7 @@ impl GpuSchedule {
             mul_hi_slots: false,
             flat_fragments: false,
             async_copies: false,
+            realign_in_shared: false,
         }
     }
 
@@ -341,7 +354,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -363,6 +376,11 @@ impl GpuSchedule {
                 },
                 if self.async_copies_apply() {
                     " cpa"
+                } else {
+                    ""
+                },
+                if self.realign_in_shared_apply() {
+                    " rsh"
                 } else {
                     ""
                 }
@@ -394,6 +412,17 @@ impl GpuSchedule {
         self.async_copies
             && self.mma.is_some()
             && (self.stage == Staging::FlatC || self.flat_fragments_apply())
+    }
+
+    /// Whether `realign_in_shared` takes effect (the batch form, the sizes and the slots
+    /// aside): tensor-core kernels with flat staging, one problem per block, without flat
+    /// fragments.
+    pub fn realign_in_shared_apply(&self) -> bool {
+        self.realign_in_shared
+            && self.mma.is_some()
+            && self.stage != Staging::Padded
+            && self.tba == 1
+            && !self.flat_fragments_apply()
     }
 
     /// Threads per problem of an FMA schedule: one per `rm x rn` tile of C.
@@ -682,17 +711,12 @@ const H100_F16_GROUP: [u32; 48] = [
 /// its A fragments once) or C's copy in A's place (`c_over_a`, 8 and 16 warps at 113..128:
 /// A and B alone in shared memory), from `smallgemm tune --gpu --dtype f16 --c-over-a` on
 /// an H100 and the bench against the version 11 defaults: (n, warps, blocks per SM for
-/// ptxas, C over A). They replace the entries above at those sizes.
+/// ptxas, C over A). They replace the entries above at those sizes; those of the sizes
+/// that realign A and B went to `H100_F16_REALIGNED` (version 16).
 #[rustfmt::skip]
-const H100_F16_V12: [(usize, u32, u32, bool); 25] = [
-    (65, 10, 2, false), (67, 10, 2, false), (69, 10, 2, false), (70, 10, 3, false),
-    (82, 12, 0, false), (86, 12, 0, false), (89, 12, 0, false), (90, 12, 0, false),
-    (91, 12, 0, false), (92, 12, 2, false), (93, 12, 0, false), (94, 12, 2, false),
-    (96, 12, 2, false), (98, 14, 2, false), (100, 14, 2, false), (102, 14, 2, false),
-    (104, 14, 2, false), (106, 14, 0, false), (111, 14, 0, false),
-    (112, 14, 2, false),
-    (115, 8, 0, true), (117, 8, 0, true), (119, 8, 3, true), (120, 8, 2, true),
-    (128, 16, 2, true),
+const H100_F16_V12: [(usize, u32, u32, bool); 6] = [
+    (92, 12, 2, false), (96, 12, 2, false), (104, 14, 2, false), (112, 14, 2, false),
+    (120, 8, 2, true), (128, 16, 2, true),
 ];
 
 /// Sizes whose flat tensor-core defaults find their realigned vectors' places by a
@@ -722,16 +746,35 @@ const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32, bool); 13] = [
     (52, 4, 1, true), (57, 4, 1, true), (58, 4, 1, true),
 ];
 
-/// Sizes whose `FlatC` `ldmatrix` defaults copy C through `cp.async` (`async_copies`; m odd:
-/// the span verbatim, m even: its padded copy): from `smallgemm tune --gpu --dtype f16
-/// --async-copies` on an H100 and the bench against the previous defaults, alternated,
-/// twice (docs/gpu-notes.md, version 15), ahead in both runs by 1-8 points of the bound
-/// (69 82.1 -> 86.6-87.2, 98 81.3-81.5 -> 85.1-85.2, 125 69.8-70.6 -> 77.4-78.2); 65, 73,
-/// 75, 79, 81, 83, 85, 119 and the other even sizes from 66 tied or lost.
+/// Tensor-core defaults of version 16 (docs/gpu-notes.md) at the sizes from 65 whose A and
+/// B are realigned (no multiples of 8): `FlatC` with `ldmatrix`, one problem per block, A
+/// and B copied verbatim into their slots through `cp.async` and realigned there
+/// (`realign_in_shared`), C's copy through `cp.async` where that won (`async_copies`; the
+/// version 15 defaults had it at 22 of these sizes). From `smallgemm tune --gpu --dtype
+/// f16 --realign-in-shared` on an H100: the planned schedules with the flag at the 56 sizes
+/// (it won at all but 78, 92, 95 and 97), then the wider sweep (warp counts, groups, C over
+/// A) at the 19 sizes still under about 92% of the bound; the bench, the version 15
+/// defaults against the tuned database, alternated, twice (% of the bound): 67 80.6-80.8
+/// -> 96.3-97.3, 73 77.8-77.9 -> 97.6-99.9, 97 63.5-64.3 -> 80.1-80.5, 99 66.6-67.3 ->
+/// 89.6-90.8, 113 67.1-67.4 -> 93.8-94.6, 127 74.6-75.4 -> 91.2-91.3. (n, warps, blocks per
+/// SM for ptxas, tiles per group, `async_copies`); they replace the entries above at
+/// those sizes.
 #[rustfmt::skip]
-const H100_F16_ASYNC: [usize; 22] = [
-    66, 67, 68, 69, 71, 74, 77, 90, 98, 105, 107, 108, 110, 111, 113, 114, 118, 121, 122, 123,
-    125, 127,
+const H100_F16_REALIGNED: [(usize, u32, u32, u32, bool); 55] = [
+    (65, 5, 0, 0, true), (66, 8, 0, 3, true), (67, 10, 2, 0, true), (68, 8, 0, 3, true),
+    (69, 10, 2, 0, true), (70, 10, 3, 0, true), (71, 8, 0, 3, true), (73, 16, 0, 2, true),
+    (74, 8, 0, 2, false), (75, 16, 0, 2, true), (76, 8, 0, 2, false), (77, 16, 0, 2, true),
+    (78, 16, 0, 2, true), (79, 16, 0, 2, true), (81, 6, 0, 0, true), (82, 12, 0, 0, true),
+    (83, 6, 0, 0, true), (84, 16, 0, 2, true), (85, 8, 0, 3, true), (86, 12, 0, 0, true),
+    (87, 16, 0, 2, true), (89, 12, 0, 0, false), (90, 12, 0, 0, true), (91, 12, 0, 0, false),
+    (93, 12, 0, 0, false), (94, 12, 2, 0, true), (95, 12, 0, 0, true), (97, 8, 0, 3, true),
+    (98, 14, 2, 0, true), (99, 7, 0, 0, true), (100, 14, 2, 0, true), (101, 7, 0, 0, true),
+    (102, 14, 2, 0, true), (103, 7, 0, 0, true), (105, 8, 0, 2, true), (106, 14, 0, 0, true),
+    (107, 8, 0, 2, true), (108, 14, 0, 0, true), (109, 16, 0, 2, true), (110, 14, 0, 0, true),
+    (111, 14, 0, 0, true), (113, 16, 0, 0, true), (114, 16, 0, 0, false), (115, 8, 0, 0, true),
+    (116, 16, 0, 0, true), (117, 8, 0, 0, true), (118, 16, 0, 0, false), (119, 8, 3, 0, true),
+    (121, 16, 0, 0, true), (122, 16, 0, 0, false), (123, 16, 0, 0, true),
+    (124, 16, 0, 0, true), (125, 16, 0, 0, true), (126, 16, 0, 0, false), (127, 8, 0, 0, true),
 ];
 
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
@@ -777,6 +820,17 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
                 async_copies,
                 ..GpuSchedule::mma(warps.min(tiles).max(1), tba, false)
             }
+        } else if let Some(&(_, warps, min_blocks, mma_group, async_copies)) =
+            H100_F16_REALIGNED.iter().find(|e| e.0 == big)
+        {
+            GpuSchedule {
+                min_blocks,
+                mma_group,
+                stage: Staging::FlatC,
+                async_copies,
+                realign_in_shared: true,
+                ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
+            }
         } else if let Some(&(_, warps, min_blocks, c_over_a)) =
             H100_F16_V12.iter().find(|e| e.0 == big)
         {
@@ -784,7 +838,6 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
                 min_blocks,
                 c_over_a,
                 stage: Staging::FlatC,
-                async_copies: H100_F16_ASYNC.contains(&big),
                 ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
             }
         } else {
@@ -798,7 +851,6 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
                     Ldm | Pre => Staging::Padded,
                 },
                 prefetch_c: matches!(variant, Pre | FlatPre),
-                async_copies: H100_F16_ASYNC.contains(&big),
                 ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
             }
         }

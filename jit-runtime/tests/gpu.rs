@@ -443,7 +443,16 @@ fn f16_matches_the_reference() {
 
 /// A tensor-core schedule variant the GPU tests run: (ldmatrix, staging, C prefetch, tiles
 /// per warp group, flat fragments, cp.async).
-type MmaVariant = (bool, Staging, bool, u32, bool, bool);
+/// A tensor-core variant for `check_mma_variants` (which sets its warps and problems per
+/// block): the fragment loader, the staging, the C prefetch and the tiles per group.
+fn variant(ldmatrix: bool, stage: Staging, prefetch_c: bool, mma_group: u32) -> GpuSchedule {
+    GpuSchedule {
+        stage,
+        prefetch_c,
+        mma_group,
+        ..GpuSchedule::mma(1, 1, ldmatrix)
+    }
+}
 
 /// The f16 specs the tensor-core variants run on: the correctness matrix's f16 specs from
 /// 8 up, every seventh square size from 16 to 128, padded and tight shapes.
@@ -499,26 +508,18 @@ fn mma_variant_specs() -> Vec<GemmSpec> {
 /// Runs every variant under 1, 2 (3 problems per block), 8 and 16 warps on every spec of
 /// `mma_variant_specs` (where the schedule fits), against the reference; panics with the
 /// failures.
-fn check_mma_variants(gpu: &Gpu, variants: &[MmaVariant], seed: u64) {
+fn check_mma_variants(gpu: &Gpu, variants: &[GpuSchedule], seed: u64) {
     let mut failures = Vec::new();
     let mut count = 0;
     for (i, spec) in mma_variant_specs().iter().enumerate() {
         let p = spec.col_major();
         for (warps, tba) in [(1, 1), (2, 3), (8, 1), (16, 1)] {
-            for &(ldmatrix, stage, prefetch_c, mma_group, flat_fragments, async_copies) in variants
-            {
+            for v in variants {
                 // Groups at the warp counts of the grouped defaults (8 and 16).
-                if (warps == 16 && !ldmatrix) || (warps < 8 && mma_group > 0) {
+                if (warps == 16 && !v.ldmatrix) || (warps < 8 && v.mma_group > 0) {
                     continue;
                 }
-                let s = GpuSchedule {
-                    stage,
-                    prefetch_c,
-                    mma_group,
-                    flat_fragments,
-                    async_copies,
-                    ..GpuSchedule::mma(warps, tba, ldmatrix)
-                };
+                let s = GpuSchedule { warps, tba, ..*v };
                 if s.validate(&p, gpu.target()).is_err() {
                     continue;
                 }
@@ -541,31 +542,39 @@ fn f16_mma_loaders_match() {
     let Some(gpu) = gpu("f16_mma_loaders") else {
         return;
     };
-    // (ldmatrix, staging, C prefetch, tiles per warp group, flat fragments, cp.async): both
-    // loaders as before, then the flat staging of A and B and the C prefetch, alone and
-    // together.
-    let variants: &[MmaVariant] = &[
-        (false, Staging::Padded, false, 0, false, false),
-        (true, Staging::Padded, false, 0, false, false),
-        (true, Staging::Flat, false, 0, false, false),
-        (true, Staging::Padded, true, 0, false, false),
-        (true, Staging::Flat, true, 0, false, false),
-        (false, Staging::Flat, true, 0, false, false),
+    // Both loaders as before, then the flat staging of A and B and the C prefetch, alone
+    // and together.
+    let variants = [
+        variant(false, Staging::Padded, false, 0),
+        variant(true, Staging::Padded, false, 0),
+        variant(true, Staging::Flat, false, 0),
+        variant(true, Staging::Padded, true, 0),
+        variant(true, Staging::Flat, true, 0),
+        variant(false, Staging::Flat, true, 0),
         // C through shared memory (16-byte copies of the block's span; the prefetch is moot).
-        (true, Staging::FlatC, false, 0, false, false),
-        (false, Staging::FlatC, true, 0, false, false),
+        variant(true, Staging::FlatC, false, 0),
+        variant(false, Staging::FlatC, true, 0),
         // Tiles of one row tile in groups sharing A's fragments (`mma_group`; a row's last
         // group may hang over its last column tile), C in shared and in global memory.
-        (true, Staging::FlatC, false, 3, false, false),
-        (true, Staging::Padded, true, 2, false, false),
-        (false, Staging::Flat, false, 2, false, false),
+        variant(true, Staging::FlatC, false, 3),
+        variant(true, Staging::Padded, true, 2),
+        variant(false, Staging::Flat, false, 2),
         // A and B copied verbatim, fragments by 16-bit loads with the k padding predicated
         // off (`flat_fragments`), with the C prefetch and with C through shared memory.
-        (false, Staging::Flat, true, 0, true, false),
-        (false, Staging::FlatC, false, 0, true, false),
-        (false, Staging::FlatC, false, 2, true, false),
+        GpuSchedule {
+            flat_fragments: true,
+            ..variant(false, Staging::Flat, true, 0)
+        },
+        GpuSchedule {
+            flat_fragments: true,
+            ..variant(false, Staging::FlatC, false, 0)
+        },
+        GpuSchedule {
+            flat_fragments: true,
+            ..variant(false, Staging::FlatC, false, 2)
+        },
     ];
-    check_mma_variants(&gpu, variants, 900);
+    check_mma_variants(&gpu, &variants, 900);
 }
 
 /// The verbatim copies into shared memory through `cp.async` (`GpuSchedule::async_copies`)
@@ -576,20 +585,54 @@ fn f16_async_copies_match() {
     let Some(gpu) = gpu("f16_async_copies") else {
         return;
     };
-    let variants: &[MmaVariant] = &[
-        // The verbatim copies through `cp.async` (`async_copies`): C's (FlatC, m odd),
-        // also with groups, and A's and B's with flat fragments.
-        (true, Staging::FlatC, false, 0, false, true),
-        (true, Staging::FlatC, false, 3, false, true),
-        (false, Staging::FlatC, false, 0, true, true),
+    let with_async = |v: GpuSchedule| GpuSchedule {
+        async_copies: true,
+        ..v
+    };
+    // The verbatim copies through `cp.async` (`async_copies`): C's (FlatC, m odd), also
+    // with groups, and A's and B's with flat fragments.
+    let variants = [
+        with_async(variant(true, Staging::FlatC, false, 0)),
+        with_async(variant(true, Staging::FlatC, false, 3)),
+        with_async(GpuSchedule {
+            flat_fragments: true,
+            ..variant(false, Staging::FlatC, false, 0)
+        }),
     ];
-    check_mma_variants(&gpu, variants, 1900);
+    check_mma_variants(&gpu, &variants, 1900);
+}
+
+/// A and B copied verbatim into their slots through `cp.async` and realigned there
+/// (`GpuSchedule::realign_in_shared`; one problem per block, so the 3-problem blocks run
+/// without it) on the specs and warp counts of `f16_mma_loaders_match`: both fragment
+/// loaders, C in shared memory (with and without its copies through `cp.async`, and in
+/// groups) and in global memory with the C prefetch.
+#[test]
+fn f16_realign_in_shared_matches() {
+    let Some(gpu) = gpu("f16_realign_in_shared") else {
+        return;
+    };
+    let in_shared = |v: GpuSchedule| GpuSchedule {
+        realign_in_shared: true,
+        ..v
+    };
+    let variants = [
+        in_shared(variant(true, Staging::FlatC, false, 0)),
+        in_shared(GpuSchedule {
+            async_copies: true,
+            ..variant(true, Staging::FlatC, false, 3)
+        }),
+        in_shared(variant(false, Staging::FlatC, false, 0)),
+        in_shared(variant(true, Staging::Flat, true, 0)),
+    ];
+    check_mma_variants(&gpu, &variants, 2300);
 }
 
 /// C's copy in A's place (`GpuSchedule::c_over_a`): 8 and 16 warps and the multiples of the
 /// row tiles from 4 to 16 (also `FlatC` as it is there: warp counts that are no power of
 /// two), one problem per block, with the code generator's blocks per SM and with 2 and 3,
-/// on squares and shapes whose
+/// and with A and B realigned in shared memory (`realign_in_shared`), on squares and shapes
+/// whose
 /// warps keep one row of tiles each (m in 113..=128 at 8 and 16 warps, 49..=64, 17..=32),
 /// flat C (tight, m odd) and C's padded copy (m even, also with a padded ldc and a gap
 /// between the C matrices), every transpose, beta 0 with NaN in C; and shapes where C's
@@ -658,11 +701,19 @@ fn f16_c_over_a_matches() {
         warps.sort_unstable();
         warps.dedup();
         for warps in warps {
-            for (c_over_a, min_blocks) in [(false, 0), (true, 0), (true, 2), (true, 3)] {
+            for (c_over_a, min_blocks, realign_in_shared) in [
+                (false, 0, false),
+                (true, 0, false),
+                (true, 2, false),
+                (true, 3, false),
+                (false, 0, true),
+                (true, 0, true),
+            ] {
                 let s = GpuSchedule {
                     stage: Staging::FlatC,
                     c_over_a,
                     min_blocks,
+                    realign_in_shared,
                     ..GpuSchedule::mma(warps, 1, true)
                 };
                 if s.validate(&p, gpu.target()).is_err() {
