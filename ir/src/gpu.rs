@@ -723,9 +723,8 @@ const H100_F16_V12: [(usize, u32, u32, bool); 6] = [
 /// multiply-high (`GpuSchedule::mul_hi_slots`): measured on an H100 against the division,
 /// alternated, twice (docs/gpu-notes.md, version 13), ahead in both runs by 1-6 points of
 /// the bound; 41 and 43 were mixed, 31 and 57..61 lost 1-7 points, 95 19: they divide.
-const H100_F16_MUL_HI: [usize; 17] = [
-    17, 19, 21, 23, 25, 27, 29, 33, 35, 37, 39, 45, 47, 49, 51, 53, 55,
-];
+/// The other sizes of that list have kernels without flat A and B since (versions 14-16).
+const H100_F16_MUL_HI: [usize; 2] = [21, 33];
 
 /// Tensor-core defaults of versions 14 and 15 (docs/gpu-notes.md): A and B copied verbatim
 /// and fragments read with 16-bit loads (`flat_fragments`), C through shared memory
@@ -737,44 +736,60 @@ const H100_F16_MUL_HI: [usize; 17] = [
 /// 98.5-98.8, 26 91.7-92.0 -> 99.8, 28 99.7-100.3 -> 102.1-102.7, 45 93.7-94.4 ->
 /// 97.0-97.6, 52 93.2-93.5 -> 97.6-98.4, 57 93.9 -> 97.3-98.0, 58 96.0 -> 98.2-98.5; 27
 /// (version 14's) tied with `cp.async`; 29 and 59 lost, the other sizes to 64 kept their
-/// kernels. (n, warps, problems per block, `async_copies`); they replace the entries
-/// above at those sizes.
+/// kernels (45, 52, 57 and 58 went to `H100_F16_REALIGNED` in version 16). (n, warps,
+/// problems per block, `async_copies`); they replace the entries above at those sizes.
 #[rustfmt::skip]
-const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32, bool); 13] = [
+const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32, bool); 9] = [
     (17, 2, 2, true), (18, 2, 1, true), (19, 2, 1, true), (20, 2, 2, true), (23, 2, 2, true),
-    (25, 2, 2, true), (26, 2, 2, true), (27, 4, 1, false), (28, 4, 1, true), (45, 2, 1, true),
-    (52, 4, 1, true), (57, 4, 1, true), (58, 4, 1, true),
+    (25, 2, 2, true), (26, 2, 2, true), (27, 4, 1, false), (28, 4, 1, true),
 ];
 
-/// Tensor-core defaults of version 16 (docs/gpu-notes.md) at the sizes from 65 whose A and
-/// B are realigned (no multiples of 8): `FlatC` with `ldmatrix`, one problem per block, A
-/// and B copied verbatim into their slots through `cp.async` and realigned there
-/// (`realign_in_shared`), C's copy through `cp.async` where that won (`async_copies`; the
-/// version 15 defaults had it at 22 of these sizes). From `smallgemm tune --gpu --dtype
-/// f16 --realign-in-shared` on an H100: the planned schedules with the flag at the 56 sizes
-/// (it won at all but 78, 92, 95 and 97), then the wider sweep (warp counts, groups, C over
-/// A) at the 19 sizes still under about 92% of the bound; the bench, the version 15
-/// defaults against the tuned database, alternated, twice (% of the bound): 67 80.6-80.8
-/// -> 96.3-97.3, 73 77.8-77.9 -> 97.6-99.9, 97 63.5-64.3 -> 80.1-80.5, 99 66.6-67.3 ->
-/// 89.6-90.8, 113 67.1-67.4 -> 93.8-94.6, 127 74.6-75.4 -> 91.2-91.3. (n, warps, blocks per
-/// SM for ptxas, tiles per group, `async_copies`); they replace the entries above at
-/// those sizes.
+/// Tensor-core defaults of version 16 (docs/gpu-notes.md) at the sizes from 29 whose A and
+/// B are realigned (no multiples of 8): `ldmatrix`, one problem per block, A and B copied
+/// verbatim into their slots through `cp.async` and realigned there (`realign_in_shared`),
+/// C through shared memory (`FlatC`; 31: flat A and B with the C prefetch), C's copy
+/// through `cp.async` where that won (`async_copies`). From `smallgemm tune --gpu --dtype
+/// f16 --realign-in-shared` on an H100 (the planned schedule with the flag, then `FlatC`
+/// at 8, 16 and each multiple of the row tiles from 4 to 16 warps, in groups or with C
+/// over A, C's copy either way; 65..127 first with the planned schedules alone, then the
+/// wide sweep at the 19 sizes still under about 92% of the bound); the bench, the
+/// version 15 defaults against the tuned database, alternated, twice: every size ahead in
+/// both runs (% of the bound: 43 90.1-90.9 -> 99.2-99.3, 49 84.3-84.5 -> 98.6-98.7, 67
+/// 80.6-80.8 -> 96.3-97.3, 73 77.8-77.9 -> 97.6-99.9, 97 63.5-64.3 -> 80.1-80.5, 99
+/// 66.6-67.3 -> 89.6-90.8, 113 67.1-67.4 -> 93.8-94.6, 127 74.6-75.4 -> 91.2-91.3); 33 and
+/// 92 kept theirs. (n, warps, variant, blocks per SM for ptxas, tiles per group,
+/// `async_copies`); they replace the entries above at those sizes.
 #[rustfmt::skip]
-const H100_F16_REALIGNED: [(usize, u32, u32, u32, bool); 55] = [
-    (65, 5, 0, 0, true), (66, 8, 0, 3, true), (67, 10, 2, 0, true), (68, 8, 0, 3, true),
-    (69, 10, 2, 0, true), (70, 10, 3, 0, true), (71, 8, 0, 3, true), (73, 16, 0, 2, true),
-    (74, 8, 0, 2, false), (75, 16, 0, 2, true), (76, 8, 0, 2, false), (77, 16, 0, 2, true),
-    (78, 16, 0, 2, true), (79, 16, 0, 2, true), (81, 6, 0, 0, true), (82, 12, 0, 0, true),
-    (83, 6, 0, 0, true), (84, 16, 0, 2, true), (85, 8, 0, 3, true), (86, 12, 0, 0, true),
-    (87, 16, 0, 2, true), (89, 12, 0, 0, false), (90, 12, 0, 0, true), (91, 12, 0, 0, false),
-    (93, 12, 0, 0, false), (94, 12, 2, 0, true), (95, 12, 0, 0, true), (97, 8, 0, 3, true),
-    (98, 14, 2, 0, true), (99, 7, 0, 0, true), (100, 14, 2, 0, true), (101, 7, 0, 0, true),
-    (102, 14, 2, 0, true), (103, 7, 0, 0, true), (105, 8, 0, 2, true), (106, 14, 0, 0, true),
-    (107, 8, 0, 2, true), (108, 14, 0, 0, true), (109, 16, 0, 2, true), (110, 14, 0, 0, true),
-    (111, 14, 0, 0, true), (113, 16, 0, 0, true), (114, 16, 0, 0, false), (115, 8, 0, 0, true),
-    (116, 16, 0, 0, true), (117, 8, 0, 0, true), (118, 16, 0, 0, false), (119, 8, 3, 0, true),
-    (121, 16, 0, 0, true), (122, 16, 0, 0, false), (123, 16, 0, 0, true),
-    (124, 16, 0, 0, true), (125, 16, 0, 0, true), (126, 16, 0, 0, false), (127, 8, 0, 0, true),
+const H100_F16_REALIGNED: [(usize, u32, Mma, u32, u32, bool); 85] = [
+    (29, 4, FlatC, 0, 0, true), (30, 4, FlatC, 0, 0, true), (31, 2, FlatPre, 0, 0, false),
+    (34, 6, FlatC, 0, 0, true), (35, 6, FlatC, 0, 0, true), (36, 6, FlatC, 0, 0, true),
+    (37, 6, FlatC, 0, 0, true), (38, 6, FlatC, 0, 0, true), (39, 6, FlatC, 0, 0, true),
+    (41, 6, FlatC, 0, 0, true), (42, 8, FlatC, 0, 3, true), (43, 6, FlatC, 0, 0, true),
+    (44, 9, FlatC, 0, 0, true), (45, 8, FlatC, 0, 2, true), (46, 9, FlatC, 0, 0, true),
+    (47, 9, FlatC, 0, 0, true), (49, 4, FlatC, 0, 0, true), (50, 4, FlatC, 0, 0, true),
+    (51, 4, FlatC, 0, 0, false), (52, 8, FlatC, 0, 0, true), (53, 4, FlatC, 0, 0, false),
+    (54, 4, FlatC, 0, 0, false), (55, 4, FlatC, 0, 0, false), (57, 4, FlatC, 0, 0, true),
+    (58, 4, FlatC, 0, 0, false), (59, 4, FlatC, 0, 0, false), (60, 16, FlatC, 0, 0, true),
+    (61, 4, FlatC, 0, 0, false), (62, 16, FlatC, 0, 0, true), (63, 4, FlatC, 0, 0, false),
+    (65, 5, FlatC, 0, 0, true), (66, 8, FlatC, 0, 3, true), (67, 10, FlatC, 2, 0, true),
+    (68, 8, FlatC, 0, 3, true), (69, 10, FlatC, 2, 0, true), (70, 10, FlatC, 3, 0, true),
+    (71, 8, FlatC, 0, 3, true), (73, 16, FlatC, 0, 2, true), (74, 8, FlatC, 0, 2, false),
+    (75, 16, FlatC, 0, 2, true), (76, 8, FlatC, 0, 2, false), (77, 16, FlatC, 0, 2, true),
+    (78, 16, FlatC, 0, 2, true), (79, 16, FlatC, 0, 2, true), (81, 6, FlatC, 0, 0, true),
+    (82, 12, FlatC, 0, 0, true), (83, 6, FlatC, 0, 0, true), (84, 16, FlatC, 0, 2, true),
+    (85, 8, FlatC, 0, 3, true), (86, 12, FlatC, 0, 0, true), (87, 16, FlatC, 0, 2, true),
+    (89, 12, FlatC, 0, 0, false), (90, 12, FlatC, 0, 0, true), (91, 12, FlatC, 0, 0, false),
+    (93, 12, FlatC, 0, 0, false), (94, 12, FlatC, 2, 0, true), (95, 12, FlatC, 0, 0, true),
+    (97, 8, FlatC, 0, 3, true), (98, 14, FlatC, 2, 0, true), (99, 7, FlatC, 0, 0, true),
+    (100, 14, FlatC, 2, 0, true), (101, 7, FlatC, 0, 0, true), (102, 14, FlatC, 2, 0, true),
+    (103, 7, FlatC, 0, 0, true), (105, 8, FlatC, 0, 2, true), (106, 14, FlatC, 0, 0, true),
+    (107, 8, FlatC, 0, 2, true), (108, 14, FlatC, 0, 0, true), (109, 16, FlatC, 0, 2, true),
+    (110, 14, FlatC, 0, 0, true), (111, 14, FlatC, 0, 0, true), (113, 16, FlatC, 0, 0, true),
+    (114, 16, FlatC, 0, 0, false), (115, 8, FlatC, 0, 0, true), (116, 16, FlatC, 0, 0, true),
+    (117, 8, FlatC, 0, 0, true), (118, 16, FlatC, 0, 0, false), (119, 8, FlatC, 3, 0, true),
+    (121, 16, FlatC, 0, 0, true), (122, 16, FlatC, 0, 0, false), (123, 16, FlatC, 0, 0, true),
+    (124, 16, FlatC, 0, 0, true), (125, 16, FlatC, 0, 0, true), (126, 16, FlatC, 0, 0, false),
+    (127, 8, FlatC, 0, 0, true),
 ];
 
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
@@ -820,13 +835,17 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
                 async_copies,
                 ..GpuSchedule::mma(warps.min(tiles).max(1), tba, false)
             }
-        } else if let Some(&(_, warps, min_blocks, mma_group, async_copies)) =
+        } else if let Some(&(_, warps, variant, min_blocks, mma_group, async_copies)) =
             H100_F16_REALIGNED.iter().find(|e| e.0 == big)
         {
             GpuSchedule {
                 min_blocks,
                 mma_group,
-                stage: Staging::FlatC,
+                stage: match variant {
+                    FlatPre => Staging::Flat,
+                    _ => Staging::FlatC,
+                },
+                prefetch_c: matches!(variant, FlatPre),
                 async_copies,
                 realign_in_shared: true,
                 ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
