@@ -545,7 +545,8 @@ struct TuneArgs {
     /// f16 tensor-core candidates: only the planned schedule, then with A and B realigned
     /// in shared memory from verbatim copies (`realign_in_shared`, where it takes effect):
     /// the planned schedule and `FlatC` with `ldmatrix` at 8, 16 and each multiple of the
-    /// row tiles from 4 to 16 warps, with and without the other copies through `cp.async`,
+    /// row tiles from 4 to 16 warps (up to 48 also 2 and 4 warps with 1, 2 and 4 problems
+    /// per block), with and without the other copies through `cp.async`,
     /// and with and without C's copy in A's place (warps keeping one row of tiles each) or
     /// in groups of 1, 2 and 3 tiles (the others).
     #[arg(long)]
@@ -726,9 +727,10 @@ fn async_candidates(
 
 /// `tune --realign-in-shared`: the planned schedule, then with `realign_in_shared` (where
 /// it changes the code): the planned schedule and `FlatC` with `ldmatrix` at 8 and 16
-/// warps and each multiple of the row tiles from 4 to 16, one problem per block, each with
-/// and without `async_copies`, and where the warps keep one row of tiles each with and
-/// without `c_over_a`, elsewhere in groups of 1, 2 and 3 tiles.
+/// warps and each multiple of the row tiles from 4 to 16, one problem per block (up to 48
+/// also 2 and 4 warps with 1, 2 and 4 problems per block), each with and without
+/// `async_copies`, and where the warps keep one row of tiles each with and without
+/// `c_over_a`, elsewhere in groups of 1, 2 and 3 tiles.
 fn realign_candidates(
     spec: &GemmSpec,
     target: &GpuTarget,
@@ -740,9 +742,18 @@ fn realign_candidates(
     warps.extend((1..=16).map(|j| j * mt).filter(|w| (4..=16).contains(w)));
     warps.sort_unstable();
     warps.dedup();
-    let flatc = warps.into_iter().map(|warps| GpuSchedule {
+    let mut shapes: Vec<(u32, u32)> = warps.into_iter().map(|w| (w, 1)).collect();
+    if spec.col_major().m.max(spec.col_major().n) <= 48 {
+        // Small problems: also 2 and 4 warps, 1, 2 and 4 problems per block.
+        shapes.extend(
+            [2, 4]
+                .into_iter()
+                .flat_map(|w| [1, 2, 4].map(|tba| (w, tba))),
+        );
+    }
+    let flatc = shapes.into_iter().map(|(warps, tba)| GpuSchedule {
         stage: Staging::FlatC,
-        ..GpuSchedule::mma(warps, 1, true)
+        ..GpuSchedule::mma(warps, tba, true)
     });
     let mut more = Vec::new();
     for s in planned.into_iter().chain(flatc) {
@@ -1192,12 +1203,12 @@ mod tests {
     }
 
     /// `tune --realign-in-shared` offers the planned schedule first, then distinct ones
-    /// that fit, with the flag where A and B are realigned (97, 115, 127), nothing more
-    /// where they are not (128, a multiple of 8).
+    /// that fit, with the flag where A and B are realigned (33, 97, 115, 127; several
+    /// problems per block at 33), nothing more where they are not (128, a multiple of 8).
     #[test]
     fn realign_candidates_are_distinct_and_fit() {
         let target = GpuTarget::new(Sm::Sm90);
-        for n in [97, 115, 127, 128] {
+        for n in [33, 97, 115, 127, 128] {
             let spec = square(n);
             let planned = smallgemm_codegen_ptx::plan(&spec, &target, BatchKind::Strided).unwrap();
             let c = realign_candidates(&spec, &target, Some(planned));
@@ -1210,6 +1221,7 @@ mod tests {
             }
             assert_eq!(c.len() > 1, n != 128, "n = {n}: {c:?}");
             assert!(c[1..].iter().all(|s| s.realign_in_shared), "n = {n}");
+            assert_eq!(c.iter().any(|s| s.tba > 1), n == 33, "n = {n}");
         }
     }
 }

@@ -1461,8 +1461,17 @@ pub(crate) fn kernel(
     if !deferred.is_empty() {
         // Every thread reads its vectors of every copy, then all store over the copies.
         asm.comment("realign the verbatim copies in their slots");
+        // The problem's threads alone: with several problems a block, named barrier 1 + g
+        // (groups past the batch end are not here).
+        let barrier = if tba == 1 {
+            "bar.sync 0".to_string()
+        } else {
+            let id = asm.reg(Kind::B32);
+            asm.op(format!("add.u32 {id}, {g}, 1"));
+            format!("bar.sync {id}, {tpp}")
+        };
         asm.op("cp.async.wait_all");
-        asm.op("bar.sync 0");
+        asm.op(&barrier);
         let multiply_high = s.stage == Staging::FlatC || s.mul_hi_applies();
         let stores: Vec<Vec<RealignedStore>> = deferred
             .iter()
@@ -1480,7 +1489,7 @@ pub(crate) fn kernel(
                 )
             })
             .collect();
-        asm.op("bar.sync 0");
+        asm.op(&barrier);
         for (d, stores) in deferred.iter().zip(&stores) {
             store_realigned(&mut asm, stores);
             zero_k_padding(&mut asm, &lt, tpp, &d.slot, d.op, p, &layout, kext);

@@ -231,15 +231,16 @@ pub struct GpuSchedule {
     /// A's and B's do (docs/gpu-notes.md, version 15). Ignored elsewhere.
     #[serde(default)]
     pub async_copies: bool,
-    /// Tensor-core kernels of strided batches with one problem per block, whose A and B are
-    /// realigned into their padded slots (f16 sizes no multiple of 8, `Staging::Flat` or
-    /// `FlatC`, `ldmatrix` or not, no flat fragments): each operand is first copied verbatim
-    /// into the start of its own slot through `cp.async` (all of it in flight at once, no
-    /// registers), then realigned from there, shared memory to shared memory: every thread
-    /// reads and shifts its vectors, a barrier, and the stores overwrite the copy. The
-    /// global loads then no longer go out in rounds bounded by the registers (version 15's
-    /// limit at the large odd sizes). Ignored elsewhere, and for an operand whose verbatim
-    /// copy is larger than its slot.
+    /// Tensor-core kernels of strided batches with at most 15 problems per block, whose A
+    /// and B are realigned into their padded slots (f16 sizes no multiple of 8,
+    /// `Staging::Flat` or `FlatC`, `ldmatrix` or not, no flat fragments): each operand is
+    /// first copied verbatim into the start of its own slot through `cp.async` (all of it
+    /// in flight at once, no registers), then realigned from there, shared memory to shared
+    /// memory: every thread reads and shifts its vectors, a barrier of the problem's
+    /// threads (named barrier 1 + g for problem g of a block, hence the 15), and the stores
+    /// overwrite the copy. The global loads then no longer go out in rounds bounded by the
+    /// registers (version 15's limit at the large odd sizes). Ignored elsewhere, and for an
+    /// operand whose verbatim copy is larger than its slot.
     #[serde(default)]
     pub realign_in_shared: bool,
 }
@@ -415,13 +416,13 @@ impl GpuSchedule {
     }
 
     /// Whether `realign_in_shared` takes effect (the batch form, the sizes and the slots
-    /// aside): tensor-core kernels with flat staging, one problem per block, without flat
-    /// fragments.
+    /// aside): tensor-core kernels with flat staging, at most 15 problems per block (one
+    /// named barrier each), without flat fragments.
     pub fn realign_in_shared_apply(&self) -> bool {
         self.realign_in_shared
             && self.mma.is_some()
             && self.stage != Staging::Padded
-            && self.tba == 1
+            && self.tba <= 15
             && !self.flat_fragments_apply()
     }
 
@@ -719,13 +720,6 @@ const H100_F16_V12: [(usize, u32, u32, bool); 6] = [
     (120, 8, 2, true), (128, 16, 2, true),
 ];
 
-/// Sizes whose flat tensor-core defaults find their realigned vectors' places by a
-/// multiply-high (`GpuSchedule::mul_hi_slots`): measured on an H100 against the division,
-/// alternated, twice (docs/gpu-notes.md, version 13), ahead in both runs by 1-6 points of
-/// the bound; 41 and 43 were mixed, 31 and 57..61 lost 1-7 points, 95 19: they divide.
-/// The other sizes of that list have kernels without flat A and B since (versions 14-16).
-const H100_F16_MUL_HI: [usize; 2] = [21, 33];
-
 /// Tensor-core defaults of versions 14 and 15 (docs/gpu-notes.md): A and B copied verbatim
 /// and fragments read with 16-bit loads (`flat_fragments`), C through shared memory
 /// (`FlatC`), the verbatim copies through `cp.async` (`async_copies`) where it won: from
@@ -744,7 +738,7 @@ const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32, bool); 9] = [
     (25, 2, 2, true), (26, 2, 2, true), (27, 4, 1, false), (28, 4, 1, true),
 ];
 
-/// Tensor-core defaults of version 16 (docs/gpu-notes.md) at the sizes from 29 whose A and
+/// Tensor-core defaults of version 16 (docs/gpu-notes.md) at the sizes from 21 whose A and
 /// B are realigned (no multiples of 8): `ldmatrix`, one problem per block, A and B copied
 /// verbatim into their slots through `cp.async` and realigned there (`realign_in_shared`),
 /// C through shared memory (`FlatC`; 31: flat A and B with the C prefetch), C's copy
@@ -756,14 +750,19 @@ const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32, bool); 9] = [
 /// version 15 defaults against the tuned database, alternated, twice: every size ahead in
 /// both runs (% of the bound: 43 90.1-90.9 -> 99.2-99.3, 49 84.3-84.5 -> 98.6-98.7, 67
 /// 80.6-80.8 -> 96.3-97.3, 73 77.8-77.9 -> 97.6-99.9, 97 63.5-64.3 -> 80.1-80.5, 99
-/// 66.6-67.3 -> 89.6-90.8, 113 67.1-67.4 -> 93.8-94.6, 127 74.6-75.4 -> 91.2-91.3); 33 and
-/// 92 kept theirs. (n, warps, variant, blocks per SM for ptxas, tiles per group,
-/// `async_copies`); they replace the entries above at those sizes.
+/// 66.6-67.3 -> 89.6-90.8, 113 67.1-67.4 -> 93.8-94.6, 127 74.6-75.4 -> 91.2-91.3); 92
+/// kept its kernel. Then 17..47 with 2 and 4 warps and 1, 2, 4 problems per block offered
+/// too: 2 warps in groups of 3 won at 33, 34, 35, 37 and `FlatC` at 21, ahead in both
+/// bench runs (21 93.3-93.8 -> 95.0-97.3, 33 75.3-76.9 -> 81.0-81.1, 34 89.1 ->
+/// 96.5-97.3, 35 89.5-90.1 -> 98.3-99.0, 37 96.2-97.1 -> 100.4-100.6); the flat-fragment
+/// kernels below 29 kept theirs. (n, warps, variant, blocks per SM for ptxas, tiles per
+/// group, `async_copies`); they replace the entries above at those sizes.
 #[rustfmt::skip]
-const H100_F16_REALIGNED: [(usize, u32, Mma, u32, u32, bool); 85] = [
-    (29, 4, FlatC, 0, 0, true), (30, 4, FlatC, 0, 0, true), (31, 2, FlatPre, 0, 0, false),
-    (34, 6, FlatC, 0, 0, true), (35, 6, FlatC, 0, 0, true), (36, 6, FlatC, 0, 0, true),
-    (37, 6, FlatC, 0, 0, true), (38, 6, FlatC, 0, 0, true), (39, 6, FlatC, 0, 0, true),
+const H100_F16_REALIGNED: [(usize, u32, Mma, u32, u32, bool); 87] = [
+    (21, 2, FlatC, 0, 0, true), (29, 4, FlatC, 0, 0, true), (30, 4, FlatC, 0, 0, true), (31, 2, FlatPre, 0, 0, false),
+    (33, 2, FlatC, 0, 3, true),
+    (34, 2, FlatC, 0, 3, true), (35, 2, FlatC, 0, 3, true), (36, 6, FlatC, 0, 0, true),
+    (37, 2, FlatC, 0, 3, false), (38, 6, FlatC, 0, 0, true), (39, 6, FlatC, 0, 0, true),
     (41, 6, FlatC, 0, 0, true), (42, 8, FlatC, 0, 3, true), (43, 6, FlatC, 0, 0, true),
     (44, 9, FlatC, 0, 0, true), (45, 8, FlatC, 0, 2, true), (46, 9, FlatC, 0, 0, true),
     (47, 9, FlatC, 0, 0, true), (49, 4, FlatC, 0, 0, true), (50, 4, FlatC, 0, 0, true),
@@ -863,7 +862,6 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             GpuSchedule {
                 min_blocks,
                 mma_group,
-                mul_hi_slots: H100_F16_MUL_HI.contains(&big),
                 stage: match variant {
                     FlatPre => Staging::Flat,
                     FlatC => Staging::FlatC,

@@ -603,8 +603,8 @@ fn f16_async_copies_match() {
 }
 
 /// A and B copied verbatim into their slots through `cp.async` and realigned there
-/// (`GpuSchedule::realign_in_shared`; one problem per block, so the 3-problem blocks run
-/// without it) on the specs and warp counts of `f16_mma_loaders_match`: both fragment
+/// (`GpuSchedule::realign_in_shared`; the 3-problem blocks with a named barrier per
+/// problem) on the specs and warp counts of `f16_mma_loaders_match`: both fragment
 /// loaders, C in shared memory (with and without its copies through `cp.async`, and in
 /// groups) and in global memory with the C prefetch.
 #[test]
