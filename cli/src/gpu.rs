@@ -701,7 +701,7 @@ fn async_candidates(
     planned: Option<GpuSchedule>,
 ) -> Vec<GpuSchedule> {
     let p = spec.col_major();
-    let mut out: Vec<GpuSchedule> = planned.into_iter().collect();
+    let out: Vec<GpuSchedule> = planned.into_iter().collect();
     let mut more: Vec<GpuSchedule> = planned
         .map(|s| GpuSchedule {
             async_copies: !s.async_copies,
@@ -720,9 +720,7 @@ fn async_candidates(
                 }),
         );
     }
-    let mut seen: Vec<Option<String>> = out.iter().map(|s| ptx_code(spec, target, s)).collect();
-    push_distinct(spec, target, &mut out, &mut seen, more);
-    out
+    with_distinct(spec, target, out, more)
 }
 
 /// `tune --realign-in-shared`: the planned schedule, then with `realign_in_shared` (where
@@ -736,14 +734,11 @@ fn realign_candidates(
     target: &GpuTarget,
     planned: Option<GpuSchedule>,
 ) -> Vec<GpuSchedule> {
-    let mt = spec.col_major().m.div_ceil(16) as u32;
-    let mut out: Vec<GpuSchedule> = planned.into_iter().collect();
-    let mut warps = vec![8, 16];
-    warps.extend((1..=16).map(|j| j * mt).filter(|w| (4..=16).contains(w)));
-    warps.sort_unstable();
-    warps.dedup();
-    let mut shapes: Vec<(u32, u32)> = warps.into_iter().map(|w| (w, 1)).collect();
-    if spec.col_major().m.max(spec.col_major().n) <= 48 {
+    let p = spec.col_major();
+    let mt = p.m.div_ceil(16) as u32;
+    let out: Vec<GpuSchedule> = planned.into_iter().collect();
+    let mut shapes: Vec<(u32, u32)> = row_tile_warps(mt).into_iter().map(|w| (w, 1)).collect();
+    if p.m.max(p.n) <= 48 {
         // Small problems: also 2 and 4 warps, 1, 2 and 4 problems per block.
         shapes.extend(
             [2, 4]
@@ -793,6 +788,28 @@ fn realign_candidates(
         };
         ptx_code(spec, target, s) != ptx_code(spec, target, &without)
     });
+    with_distinct(spec, target, out, more)
+}
+
+/// Warp counts for `FlatC` candidates of `mt` row tiles: 8, 16, and each multiple of the
+/// row tiles from 4 to 16 (then every warp keeps one row of tiles: its A fragments are
+/// loaded once).
+fn row_tile_warps(mt: u32) -> Vec<u32> {
+    let mut warps = vec![8, 16];
+    warps.extend((1..=16).map(|j| j * mt).filter(|w| (4..=16).contains(w)));
+    warps.sort_unstable();
+    warps.dedup();
+    warps
+}
+
+/// `out` followed by the schedules of `more` that fit and whose code differs from every
+/// one before them.
+fn with_distinct(
+    spec: &GemmSpec,
+    target: &GpuTarget,
+    mut out: Vec<GpuSchedule>,
+    more: impl IntoIterator<Item = GpuSchedule>,
+) -> Vec<GpuSchedule> {
     let mut seen: Vec<Option<String>> = out.iter().map(|s| ptx_code(spec, target, s)).collect();
     push_distinct(spec, target, &mut out, &mut seen, more);
     out
@@ -873,13 +890,7 @@ fn c_over_a_candidates(
     let p = spec.col_major();
     let mt = p.m.div_ceil(16) as u32;
     let mut out: Vec<GpuSchedule> = planned.into_iter().collect();
-    // 8 and 16 warps, and each multiple of the row tiles from 4 to 16 warps (then every
-    // warp keeps one row of tiles: its A fragments are loaded once).
-    let mut warps = vec![8, 16];
-    warps.extend((1..=16).map(|j| j * mt).filter(|w| (4..=16).contains(w)));
-    warps.sort_unstable();
-    warps.dedup();
-    let flatc: Vec<GpuSchedule> = warps
+    let flatc: Vec<GpuSchedule> = row_tile_warps(mt)
         .into_iter()
         .map(|warps| GpuSchedule {
             stage: Staging::FlatC,

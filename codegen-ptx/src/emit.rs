@@ -790,6 +790,29 @@ fn load_realigned(
     stores
 }
 
+/// A or B as the staging into its padded slot sees it: its stored lead (`lead`, extent
+/// `lext` in the slot, `sl` elements apart) and other side (`oext`, `so` apart).
+struct StagedOperand<'a> {
+    op: Operand,
+    global: &'a str,
+    slot: &'a str,
+    /// Elements of the slot (a multiple of 8 for tensor-core kernels: 16-byte aligned).
+    slot_len: usize,
+    /// Copied flat (verbatim, with the block's span) before.
+    flat_staged: bool,
+    lead: &'a Extent,
+    other: &'a Extent,
+    ld: &'a Extent,
+    lext: usize,
+    oext: usize,
+    sl: usize,
+    so: usize,
+    /// The batch stride.
+    stride: usize,
+    /// Rows (A) or columns (B) permuted for vector reads: (period, tile side).
+    perm: Option<(usize, usize)>,
+}
+
 /// An operand copied verbatim into its slot, to be realigned there (`realign_in_shared`).
 struct DeferredRealign {
     /// Shared address of the copy's first element.
@@ -1255,8 +1278,9 @@ pub(crate) fn kernel(
     };
     // Operands copied verbatim into their slots, realigned there once all copies are in.
     let mut deferred: Vec<DeferredRealign> = Vec::new();
-    // A: op(A)[i, p] at i * a_row + p * a_col; stored lead is i (N) or p (T).
-    let (lead, other, lext, oext, sl, so) = match p.trans_a {
+    // op(A)[i, p] at i * a_row + p * a_col, stored lead i (N) or p (T); op(B)[p, j] at
+    // p * b_row + j * b_col, stored lead p (N) or j (T).
+    let (a_lead, a_other, a_lext, a_oext, a_sl, a_so) = match p.trans_a {
         Trans::N => (
             &problem.m,
             &problem.k,
@@ -1274,88 +1298,7 @@ pub(crate) fn kernel(
             layout.a_row,
         ),
     };
-    let v = vector_width(kind, dtype, lead, &problem.lda, lext, p.stride_a);
-    let packed = lead.max * other.max;
-    let flat_ok = v < 16 / elt
-        && kind == BatchKind::Strided
-        && lead.runtime.is_none()
-        && problem.lda.max == lead.max
-        && p.stride_a == packed
-        && layout.a_perm == 0;
-    if flat.a.is_some() {
-        // Staged flat above.
-    } else if flat_ok
-        && (lext, oext) == (lead.max, other.max)
-        // Measured: a win from about 2 KiB per matrix, a loss on tiny ones.
-        && packed * elt >= 2048
-    {
-        load_flat(
-            &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
-        );
-    } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
-        let realign = dtype == Dtype::F16 && sl == 1 && so % 8 == 0;
-        let verbatim = (realign && s.realign_in_shared_apply())
-            .then(|| {
-                copy_verbatim(
-                    &mut asm,
-                    &lt,
-                    tpp,
-                    &problem.a,
-                    &sa,
-                    packed,
-                    layout.a_len * elt,
-                )
-            })
-            .flatten();
-        if let Some(first) = verbatim {
-            deferred.push(DeferredRealign {
-                first,
-                slot: sa.clone(),
-                lead: lead.max,
-                others: other.max,
-                so,
-                op: Operand::A,
-            });
-        } else {
-            if realign {
-                load_realigned(
-                    &mut asm,
-                    &lt,
-                    tpp,
-                    RealignFrom::Global(&problem.a),
-                    &sa,
-                    lead.max,
-                    other.max,
-                    so,
-                    s.stage == Staging::FlatC || s.mul_hi_applies(),
-                );
-            } else {
-                load_flat(
-                    &mut asm, dtype, &lt, tpp, &problem.a, &sa, lead.max, packed, sl, so,
-                );
-            }
-            zero_k_padding(&mut asm, &lt, tpp, &sa, Operand::A, p, &layout, kext);
-        }
-    } else {
-        load_operand(
-            &mut asm,
-            dtype,
-            &lt,
-            tpp,
-            &problem.a,
-            &sa,
-            lead,
-            other,
-            &problem.lda,
-            lext,
-            oext,
-            sl,
-            so,
-            v,
-            (layout.a_perm > 0).then_some((layout.a_perm, s.rm as usize)),
-        );
-    }
-    let (lead, other, lext, oext, sl, so) = match p.trans_b {
+    let (b_lead, b_other, b_lext, b_oext, b_sl, b_so) = match p.trans_b {
         Trans::N => (
             &problem.k,
             &problem.n,
@@ -1373,87 +1316,110 @@ pub(crate) fn kernel(
             layout.b_row,
         ),
     };
-    let v = vector_width(kind, dtype, lead, &problem.ldb, lext, p.stride_b);
-    let packed = lead.max * other.max;
-    let flat_ok = v < 16 / elt
-        && kind == BatchKind::Strided
-        && lead.runtime.is_none()
-        && problem.ldb.max == lead.max
-        && p.stride_b == packed
-        && layout.b_perm == 0;
-    if flat.b.is_some() {
-        // Staged flat above.
-    } else if flat_ok
-        && (lext, oext) == (lead.max, other.max)
-        // Measured: a win from about 2 KiB per matrix, a loss on tiny ones.
-        && packed * elt >= 2048
-    {
-        load_flat(
-            &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
-        );
-    } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
-        let realign = dtype == Dtype::F16 && sl == 1 && so % 8 == 0;
-        // (B's slot follows A's: its copy needs a 16-byte boundary there.)
-        let verbatim = (realign && s.realign_in_shared_apply() && flat.b_in_slot * elt % 16 == 0)
-            .then(|| {
-                copy_verbatim(
-                    &mut asm,
-                    &lt,
-                    tpp,
-                    &problem.b,
-                    &sb,
-                    packed,
-                    layout.b_len * elt,
-                )
-            })
-            .flatten();
-        if let Some(first) = verbatim {
-            deferred.push(DeferredRealign {
-                first,
-                slot: sb.clone(),
-                lead: lead.max,
-                others: other.max,
-                so,
-                op: Operand::B,
-            });
-        } else {
-            if realign {
-                load_realigned(
-                    &mut asm,
-                    &lt,
-                    tpp,
-                    RealignFrom::Global(&problem.b),
-                    &sb,
-                    lead.max,
-                    other.max,
+    let operands = [
+        StagedOperand {
+            op: Operand::A,
+            global: &problem.a,
+            slot: &sa,
+            slot_len: layout.a_len,
+            flat_staged: flat.a.is_some(),
+            lead: a_lead,
+            other: a_other,
+            ld: &problem.lda,
+            lext: a_lext,
+            oext: a_oext,
+            sl: a_sl,
+            so: a_so,
+            stride: p.stride_a,
+            perm: (layout.a_perm > 0).then_some((layout.a_perm, s.rm as usize)),
+        },
+        StagedOperand {
+            op: Operand::B,
+            global: &problem.b,
+            slot: &sb,
+            slot_len: layout.b_len,
+            flat_staged: flat.b.is_some(),
+            lead: b_lead,
+            other: b_other,
+            ld: &problem.ldb,
+            lext: b_lext,
+            oext: b_oext,
+            sl: b_sl,
+            so: b_so,
+            stride: p.stride_b,
+            perm: (layout.b_perm > 0).then_some((layout.b_perm, s.rn as usize)),
+        },
+    ];
+    for o in &operands {
+        let (lead, other, sl, so) = (o.lead, o.other, o.sl, o.so);
+        let v = vector_width(kind, dtype, lead, o.ld, o.lext, o.stride);
+        let packed = lead.max * other.max;
+        let flat_ok = v < 16 / elt
+            && kind == BatchKind::Strided
+            && lead.runtime.is_none()
+            && o.ld.max == lead.max
+            && o.stride == packed
+            && o.perm.is_none();
+        if o.flat_staged {
+            // Staged flat above.
+        } else if flat_ok
+            && (o.lext, o.oext) == (lead.max, other.max)
+            // Measured: a win from about 2 KiB per matrix, a loss on tiny ones.
+            && packed * elt >= 2048
+        {
+            load_flat(
+                &mut asm, dtype, &lt, tpp, o.global, o.slot, lead.max, packed, sl, so,
+            );
+        } else if flat_ok && s.mma.is_some() && s.stage != Staging::Padded {
+            let realign = dtype == Dtype::F16 && sl == 1 && so % 8 == 0;
+            let verbatim = (realign && s.realign_in_shared_apply())
+                .then(|| {
+                    copy_verbatim(
+                        &mut asm,
+                        &lt,
+                        tpp,
+                        o.global,
+                        o.slot,
+                        packed,
+                        o.slot_len * elt,
+                    )
+                })
+                .flatten();
+            if let Some(first) = verbatim {
+                deferred.push(DeferredRealign {
+                    first,
+                    slot: o.slot.to_string(),
+                    lead: lead.max,
+                    others: other.max,
                     so,
-                    s.stage == Staging::FlatC || s.mul_hi_applies(),
-                );
+                    op: o.op,
+                });
             } else {
-                load_flat(
-                    &mut asm, dtype, &lt, tpp, &problem.b, &sb, lead.max, packed, sl, so,
-                );
+                if realign {
+                    load_realigned(
+                        &mut asm,
+                        &lt,
+                        tpp,
+                        RealignFrom::Global(o.global),
+                        o.slot,
+                        lead.max,
+                        other.max,
+                        so,
+                        s.stage == Staging::FlatC || s.mul_hi_applies(),
+                    );
+                } else {
+                    load_flat(
+                        &mut asm, dtype, &lt, tpp, o.global, o.slot, lead.max, packed, sl, so,
+                    );
+                }
+                zero_k_padding(&mut asm, &lt, tpp, o.slot, o.op, p, &layout, kext);
             }
-            zero_k_padding(&mut asm, &lt, tpp, &sb, Operand::B, p, &layout, kext);
+        } else {
+            load_operand(
+                &mut asm, dtype, &lt, tpp, o.global, o.slot, lead, other, o.ld, o.lext, o.oext, sl,
+                so, v, o.perm,
+            );
         }
-    } else {
-        load_operand(
-            &mut asm,
-            dtype,
-            &lt,
-            tpp,
-            &problem.b,
-            &sb,
-            lead,
-            other,
-            &problem.ldb,
-            lext,
-            oext,
-            sl,
-            so,
-            v,
-            (layout.b_perm > 0).then_some((layout.b_perm, s.rn as usize)),
-        );
     }
     if let (Some(c), Some(sc), true) = (flat.c_pad, &sc, p.beta != Scalar::Zero && !flat.c_over_a) {
         copy_c_pad(&mut asm, c, sc, c_in_staging);
