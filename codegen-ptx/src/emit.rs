@@ -813,18 +813,6 @@ struct StagedOperand<'a> {
     perm: Option<(usize, usize)>,
 }
 
-/// An operand copied verbatim into its slot, to be realigned there (`realign_in_shared`).
-struct DeferredRealign {
-    /// Shared address of the copy's first element.
-    first: String,
-    /// Shared address of the slot.
-    slot: String,
-    lead: usize,
-    others: usize,
-    so: usize,
-    op: Operand,
-}
-
 /// Copies one problem's tight, packed f16 operand (`len` halves at `global`) verbatim into
 /// the start of its padded slot at `slot` (16-byte aligned) through `cp.async`, in 16-byte
 /// vectors from the boundary at or below its first element; returns the shared address of
@@ -1276,8 +1264,9 @@ pub(crate) fn kernel(
         ),
         None => (p.m, p.k, p.n),
     };
-    // Operands copied verbatim into their slots, realigned there once all copies are in.
-    let mut deferred: Vec<DeferredRealign> = Vec::new();
+    // Operands copied verbatim into their slots (with the shared address of their first
+    // element), realigned there once all copies are in.
+    let mut deferred: Vec<(&StagedOperand, String)> = Vec::new();
     // op(A)[i, p] at i * a_row + p * a_col, stored lead i (N) or p (T); op(B)[p, j] at
     // p * b_row + j * b_col, stored lead p (N) or j (T).
     let (a_lead, a_other, a_lext, a_oext, a_sl, a_so) = match p.trans_a {
@@ -1386,14 +1375,7 @@ pub(crate) fn kernel(
                 })
                 .flatten();
             if let Some(first) = verbatim {
-                deferred.push(DeferredRealign {
-                    first,
-                    slot: o.slot.to_string(),
-                    lead: lead.max,
-                    others: other.max,
-                    so,
-                    op: o.op,
-                });
+                deferred.push((o, first));
             } else {
                 if realign {
                     load_realigned(
@@ -1441,24 +1423,24 @@ pub(crate) fn kernel(
         let multiply_high = s.stage == Staging::FlatC || s.mul_hi_applies();
         let stores: Vec<Vec<RealignedStore>> = deferred
             .iter()
-            .map(|d| {
+            .map(|(o, first)| {
                 load_realigned(
                     &mut asm,
                     &lt,
                     tpp,
-                    RealignFrom::Shared(&d.first),
-                    &d.slot,
-                    d.lead,
-                    d.others,
-                    d.so,
+                    RealignFrom::Shared(first),
+                    o.slot,
+                    o.lead.max,
+                    o.other.max,
+                    o.so,
                     multiply_high,
                 )
             })
             .collect();
         asm.op(&barrier);
-        for (d, stores) in deferred.iter().zip(&stores) {
+        for ((o, _), stores) in deferred.iter().zip(&stores) {
             store_realigned(&mut asm, stores);
-            zero_k_padding(&mut asm, &lt, tpp, &d.slot, d.op, p, &layout, kext);
+            zero_k_padding(&mut asm, &lt, tpp, o.slot, o.op, p, &layout, kext);
         }
     } else {
         asm.sink_shared_stores(staging, sink);
