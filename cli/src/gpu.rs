@@ -551,6 +551,12 @@ struct TuneArgs {
     /// in groups of 1, 2 and 3 tiles (the others).
     #[arg(long)]
     realign_in_shared: bool,
+    /// Only the planned schedule and the schedules in this file: a JSON array of objects
+    /// in the tuning database's form, each a change to the planned schedule (the fields
+    /// left out keep the planned values; e.g. `[{"warps": 14, "min_blocks": 2}]`). Those
+    /// that do not fit a size, or repeat another's code, are left out there.
+    #[arg(long)]
+    schedules: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -837,6 +843,52 @@ fn push_distinct(
     }
 }
 
+/// The changes to planned schedules that `tune --schedules FILE` reads: a JSON array of
+/// objects.
+fn schedule_changes(
+    file: &std::path::Path,
+) -> Result<Vec<serde_json::Map<String, serde_json::Value>>, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{}: expected a JSON array of objects (schedule fields): {e}",
+            file.display()
+        )
+    })
+}
+
+/// `tune --schedules`: the planned schedule, then it under each change (those that fit and
+/// whose code differs from every one before).
+fn changed_candidates(
+    spec: &GemmSpec,
+    target: &GpuTarget,
+    planned: GpuSchedule,
+    changes: &[serde_json::Map<String, serde_json::Value>],
+) -> Result<Vec<GpuSchedule>, String> {
+    let more = changes
+        .iter()
+        .map(|c| with_changes(&planned, c))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(with_distinct(spec, target, vec![planned], more))
+}
+
+/// `planned` with the fields of `change` replaced.
+fn with_changes(
+    planned: &GpuSchedule,
+    change: &serde_json::Map<String, serde_json::Value>,
+) -> Result<GpuSchedule, String> {
+    let mut v = serde_json::to_value(planned).map_err(|e| e.to_string())?;
+    let fields = v.as_object_mut().ok_or("a schedule is a JSON object")?;
+    for (key, value) in change {
+        if !fields.contains_key(key) {
+            return Err(format!("--schedules: no schedule field `{key}`"));
+        }
+        fields.insert(key.clone(), value.clone());
+    }
+    serde_json::from_value(v).map_err(|e| format!("--schedules: {e}"))
+}
+
 /// `tune --groups`: the planned schedule and `FlatC` with `ldmatrix`, 8 and 16 warps, one
 /// problem per block, each as it is and grouped (without the C prefetch, which measured a
 /// loss with groups: 33 74.5 -> 61.9%, 91 73.7 -> 55.4% with 2 tiles a group).
@@ -931,6 +983,10 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
     };
     let mut tdb = TuningDb::load(&path).map_err(|e| e.to_string())?;
     tdb.version = tuning::VERSION;
+    let changes = match &args.schedules {
+        Some(file) => schedule_changes(file)?,
+        None => Vec::new(),
+    };
     let db = &mut tdb.gpu;
     if args.variable {
         for d in dtypes {
@@ -1030,6 +1086,9 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                 }
                 _ if args.realign_in_shared && d == Dtype::F16 => {
                     realign_candidates(&spec, gpu.target(), planned)
+                }
+                (_, Some(p)) if !changes.is_empty() => {
+                    changed_candidates(&spec, gpu.target(), p, &changes)?
                 }
                 _ => candidates(&spec, gpu.target()),
             };
@@ -1211,6 +1270,42 @@ mod tests {
             }
             assert_eq!(c.iter().any(|s| s.flat_fragments), n <= 64, "n = {n}");
         }
+    }
+
+    /// `tune --schedules` offers the planned schedule, then each change that fits once;
+    /// a field that is not a schedule's, or a value of the wrong type, is an error.
+    #[test]
+    fn schedule_changes_apply_to_the_plan() {
+        let target = GpuTarget::new(Sm::Sm90);
+        let spec = square(97);
+        let planned = smallgemm_codegen_ptx::plan(&spec, &target, BatchKind::Strided).unwrap();
+        let dir = std::env::temp_dir().join(format!("smallgemm-changes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("changes.json");
+        // The plan itself, a repeat, and 40 warps (more than a problem may have) add
+        // nothing.
+        let text = r#"[{"warps": 7, "min_blocks": 3}, {}, {"warps": 7, "min_blocks": 3},
+            {"warps": 40}, {"stage": "flat", "prefetch_c": true}]"#;
+        std::fs::write(&file, text).unwrap();
+        let changes = schedule_changes(&file).unwrap();
+        let c = changed_candidates(&spec, &target, planned, &changes).unwrap();
+        assert_eq!(c.len(), 3, "{c:?}");
+        assert_eq!(c[0], planned);
+        assert_eq!((c[1].warps, c[1].min_blocks), (7, 3));
+        assert_eq!(c[1].stage, planned.stage);
+        assert_eq!((c[2].stage, c[2].prefetch_c), (Staging::Flat, true));
+        assert_eq!(c[2].warps, planned.warps);
+        for bad in [r#"[{"wraps": 7}]"#, r#"[{"warps": "seven"}]"#] {
+            std::fs::write(&file, bad).unwrap();
+            let changes = schedule_changes(&file).unwrap();
+            assert!(
+                changed_candidates(&spec, &target, planned, &changes).is_err(),
+                "{bad}"
+            );
+        }
+        std::fs::write(&file, r#"{"warps": 7}"#).unwrap();
+        assert!(schedule_changes(&file).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// `tune --realign-in-shared` offers the planned schedule first, then distinct ones
