@@ -984,8 +984,8 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
     let mut tdb = TuningDb::load(&path).map_err(|e| e.to_string())?;
     tdb.version = tuning::VERSION;
     let changes = match &args.schedules {
-        Some(file) => schedule_changes(file)?,
-        None => Vec::new(),
+        Some(file) => Some(schedule_changes(file)?),
+        None => None,
     };
     let db = &mut tdb.gpu;
     if args.variable {
@@ -1056,8 +1056,8 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                         && s.tba <= 2
                         && (s.warps >= 2 || n <= 24))
             };
-            let all = match (args.min_blocks, planned) {
-                (true, Some(p)) => {
+            let all = match (args.min_blocks, planned, &changes) {
+                (true, Some(p), _) => {
                     let threads = p.resources(&spec.col_major()).threads_per_block.max(1);
                     // Counts past what shared memory allows give the same code: one each.
                     let mut seen = Vec::new();
@@ -1087,9 +1087,7 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                 _ if args.realign_in_shared && d == Dtype::F16 => {
                     realign_candidates(&spec, gpu.target(), planned)
                 }
-                (_, Some(p)) if !changes.is_empty() => {
-                    changed_candidates(&spec, gpu.target(), p, &changes)?
-                }
+                (_, Some(p), Some(changes)) => changed_candidates(&spec, gpu.target(), p, changes)?,
                 _ => candidates(&spec, gpu.target()),
             };
             for s in all
