@@ -13,7 +13,7 @@ use smallgemm::cuda::{self, f16, BatchKind, Gpu, GpuElement};
 use smallgemm::tuning::{self, TuningDb};
 use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 use smallgemm_ir::reference::SplitMix64;
-use smallgemm_ir::{ColMajorProblem, GpuSchedule, GpuTarget, Sm, Staging};
+use smallgemm_ir::{row_tile_warps, ColMajorProblem, GpuSchedule, GpuTarget, Sm, Staging};
 
 /// Whether `args` (without the program name) is a GPU invocation; if so, runs it.
 pub fn dispatch(args: &[String]) -> Option<Result<ExitCode, String>> {
@@ -743,7 +743,7 @@ fn realign_candidates(
     let p = spec.col_major();
     let mt = p.m.div_ceil(16) as u32;
     let out: Vec<GpuSchedule> = planned.into_iter().collect();
-    let mut shapes: Vec<(u32, u32)> = row_tile_warps(mt).into_iter().map(|w| (w, 1)).collect();
+    let mut shapes: Vec<(u32, u32)> = row_tile_warps(&p).into_iter().map(|w| (w, 1)).collect();
     if p.m.max(p.n) <= 48 {
         // Small problems: also 2 and 4 warps, 1, 2 and 4 problems per block.
         shapes.extend(
@@ -752,11 +752,8 @@ fn realign_candidates(
                 .flat_map(|w| [1, 2, 4].map(|tba| (w, tba))),
         );
     }
-    let flatc = shapes.into_iter().map(|(warps, tba)| GpuSchedule {
-        stage: Staging::FlatC,
-        ..GpuSchedule::mma(warps, tba, true)
-    });
     let mut more = Vec::new();
+    let flatc = shapes.into_iter().map(|(warps, tba)| flatc(warps, tba));
     for s in planned.into_iter().chain(flatc) {
         let s = GpuSchedule {
             realign_in_shared: true,
@@ -797,15 +794,12 @@ fn realign_candidates(
     with_distinct(spec, target, out, more)
 }
 
-/// Warp counts for `FlatC` candidates of `mt` row tiles: 8, 16, and each multiple of the
-/// row tiles from 4 to 16 (then every warp keeps one row of tiles: its A fragments are
-/// loaded once).
-fn row_tile_warps(mt: u32) -> Vec<u32> {
-    let mut warps = vec![8, 16];
-    warps.extend((1..=16).map(|j| j * mt).filter(|w| (4..=16).contains(w)));
-    warps.sort_unstable();
-    warps.dedup();
-    warps
+/// A tensor-core schedule with `ldmatrix` and C through shared memory (`FlatC`).
+fn flatc(warps: u32, tba: u32) -> GpuSchedule {
+    GpuSchedule {
+        stage: Staging::FlatC,
+        ..GpuSchedule::mma(warps, tba, true)
+    }
 }
 
 /// `out` followed by the schedules of `more` that fit and whose code differs from every
@@ -816,21 +810,8 @@ fn with_distinct(
     mut out: Vec<GpuSchedule>,
     more: impl IntoIterator<Item = GpuSchedule>,
 ) -> Vec<GpuSchedule> {
-    let mut seen: Vec<Option<String>> = out.iter().map(|s| ptx_code(spec, target, s)).collect();
-    push_distinct(spec, target, &mut out, &mut seen, more);
-    out
-}
-
-/// Appends the schedules of `more` that fit and whose code is none of `seen`'s (the codes
-/// of `out` so far, kept up to date).
-fn push_distinct(
-    spec: &GemmSpec,
-    target: &GpuTarget,
-    out: &mut Vec<GpuSchedule>,
-    seen: &mut Vec<Option<String>>,
-    more: impl IntoIterator<Item = GpuSchedule>,
-) {
     let p = spec.col_major();
+    let mut seen: Vec<Option<String>> = out.iter().map(|s| ptx_code(spec, target, s)).collect();
     for s in more {
         if s.validate(&p, target).is_err() || out.contains(&s) {
             continue;
@@ -841,6 +822,7 @@ fn push_distinct(
             out.push(s);
         }
     }
+    out
 }
 
 /// The changes to planned schedules that `tune --schedules FILE` reads: a JSON array of
@@ -899,10 +881,7 @@ fn group_candidates(
 ) -> Vec<GpuSchedule> {
     let p = spec.col_major();
     let mut out: Vec<GpuSchedule> = planned.into_iter().collect();
-    let flatc = [8, 16].map(|warps| GpuSchedule {
-        stage: Staging::FlatC,
-        ..GpuSchedule::mma(warps, 1, true)
-    });
+    let flatc = [8, 16].map(|warps| flatc(warps, 1));
     for s in out.clone().iter().chain(&flatc) {
         if s.validate(&p, target).is_err() {
             continue;
@@ -939,21 +918,14 @@ fn c_over_a_candidates(
     target: &GpuTarget,
     planned: Option<GpuSchedule>,
 ) -> Vec<GpuSchedule> {
-    let p = spec.col_major();
-    let mt = p.m.div_ceil(16) as u32;
-    let mut out: Vec<GpuSchedule> = planned.into_iter().collect();
-    let flatc: Vec<GpuSchedule> = row_tile_warps(mt)
+    let mt = spec.m().div_ceil(16) as u32;
+    let out: Vec<GpuSchedule> = planned.into_iter().collect();
+    let flatc = row_tile_warps(&spec.col_major())
         .into_iter()
-        .map(|warps| GpuSchedule {
-            stage: Staging::FlatC,
-            ..GpuSchedule::mma(warps, 1, true)
-        })
-        .collect();
+        .map(|w| flatc(w, 1));
     // Counts of blocks per SM that give the code of another candidate are timed once.
-    let code = |s: &GpuSchedule| ptx_code(spec, target, s);
-    let mut seen: Vec<Option<String>> = out.iter().map(code).collect();
-    for s in out.clone().iter().chain(&flatc) {
-        let mut more = vec![*s];
+    let more = out.clone().into_iter().chain(flatc).flat_map(|s| {
+        let mut more = vec![s];
         if s.stage == Staging::FlatC && s.tba == 1 && s.warps % mt == 0 {
             // Warps keeping one row of tiles each: with 0, 2 and 3 blocks per SM, C's copy
             // where it is and over A.
@@ -961,13 +933,13 @@ fn c_over_a_candidates(
                 more.extend([0, 2, 3].map(|min_blocks| GpuSchedule {
                     c_over_a,
                     min_blocks,
-                    ..*s
+                    ..s
                 }));
             }
         }
-        push_distinct(spec, target, &mut out, &mut seen, more);
-    }
-    out
+        more
+    });
+    with_distinct(spec, target, out, more)
 }
 
 fn tune(args: &TuneArgs) -> Result<ExitCode, String> {

@@ -805,6 +805,34 @@ enum Mma {
 }
 use Mma::{FlatC, FlatPre, Ldm, Pre};
 
+impl Mma {
+    /// How A and B (and C, under `FlatC`) are staged.
+    fn stage(self) -> Staging {
+        match self {
+            FlatPre => Staging::Flat,
+            FlatC => Staging::FlatC,
+            Ldm | Pre => Staging::Padded,
+        }
+    }
+
+    /// Whether C's old values are prefetched into registers.
+    fn prefetch_c(self) -> bool {
+        matches!(self, Pre | FlatPre)
+    }
+}
+
+/// Warp counts for tensor-core kernels of `p` with C through shared memory that the GPU
+/// tuner's sweeps and tests try: 8, 16, and each multiple of the row tiles (16 rows each)
+/// from 4 to 16, where every warp keeps one row of tiles (its A fragments loaded once).
+pub fn row_tile_warps(p: &ColMajorProblem) -> Vec<u32> {
+    let mt = p.m.div_ceil(16) as u32;
+    let mut warps = vec![8, 16];
+    warps.extend((1..=16).map(|j| j * mt).filter(|w| (4..=16).contains(w)));
+    warps.sort_unstable();
+    warps.dedup();
+    warps
+}
+
 /// The default schedule for `p` on `target`: lightweight blocks (paper 001) of about 128-256
 /// threads; a register tile grows with the size so that a thread does enough FMAs per
 /// shared-memory load; tensor cores for f16 from 16 up (below, FMA kernels with flat
@@ -816,6 +844,9 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
         // Tensor cores; warps per problem, problems per block, staging and C prefetch
         // from the H100 sweep (2 warps up to about 31, 4 to 64, then 8 or 16).
         let tiles = (p.m.div_ceil(16) * p.n.div_ceil(8)) as u32;
+        // No more warps than tiles.
+        let mma =
+            |warps: u32, tba, ldmatrix| GpuSchedule::mma(warps.min(tiles).max(1), tba, ldmatrix);
         let (warps, tba, variant) = match big {
             16..=128 => H100_F16_MMA[big - 16],
             _ => (8, 1, Pre),
@@ -834,7 +865,7 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
                 stage: Staging::FlatC,
                 flat_fragments: true,
                 async_copies,
-                ..GpuSchedule::mma(warps.min(tiles).max(1), tba, false)
+                ..mma(warps, tba, false)
             }
         } else if let Some(&(_, warps, variant, min_blocks, mma_group, async_copies)) =
             H100_F16_REALIGNED.iter().find(|e| e.0 == big)
@@ -842,14 +873,11 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             GpuSchedule {
                 min_blocks,
                 mma_group,
-                stage: match variant {
-                    FlatPre => Staging::Flat,
-                    _ => Staging::FlatC,
-                },
-                prefetch_c: matches!(variant, FlatPre),
+                stage: variant.stage(),
+                prefetch_c: variant.prefetch_c(),
                 async_copies,
                 realign_in_shared: true,
-                ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
+                ..mma(warps, 1, true)
             }
         } else if let Some(&(_, warps, min_blocks, c_over_a)) =
             H100_F16_V12.iter().find(|e| e.0 == big)
@@ -858,19 +886,15 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
                 min_blocks,
                 c_over_a,
                 stage: Staging::FlatC,
-                ..GpuSchedule::mma(warps.min(tiles).max(1), 1, true)
+                ..mma(warps, 1, true)
             }
         } else {
             GpuSchedule {
                 min_blocks,
                 mma_group,
-                stage: match variant {
-                    FlatPre => Staging::Flat,
-                    FlatC => Staging::FlatC,
-                    Ldm | Pre => Staging::Padded,
-                },
-                prefetch_c: matches!(variant, Pre | FlatPre),
-                ..GpuSchedule::mma(warps.min(tiles).max(1), tba, true)
+                stage: variant.stage(),
+                prefetch_c: variant.prefetch_c(),
+                ..mma(warps, tba, true)
             }
         }
     } else {

@@ -28,8 +28,8 @@ mod target;
 
 pub use element::Element;
 pub use gpu::{
-    plan_gpu, Accumulate, GpuResources, GpuSchedule, GpuScheduleError, GpuTarget, MmaShape,
-    SharedLayout, Sm, Staging,
+    plan_gpu, row_tile_warps, Accumulate, GpuResources, GpuSchedule, GpuScheduleError, GpuTarget,
+    MmaShape, SharedLayout, Sm, Staging,
 };
 pub use interp::{interpret, interpret_pointer_arrays, InterpError};
 pub use lower::{lower, LowerError};

@@ -9,7 +9,7 @@ use smallgemm::cuda::cudarc::driver::{CudaSlice, DevicePtr};
 use smallgemm::cuda::{self, f16, BatchKind, CudaError, Gpu, GpuElement, Group};
 use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 use smallgemm_ir::reference::{SplitMix64, TestData};
-use smallgemm_ir::{GpuSchedule, Staging};
+use smallgemm_ir::{row_tile_warps, GpuSchedule, Staging};
 
 fn gpu(test: &str) -> Option<Gpu> {
     match Gpu::new(0) {
@@ -632,8 +632,7 @@ fn f16_realign_in_shared_matches() {
 /// row tiles from 4 to 16 (also `FlatC` as it is there: warp counts that are no power of
 /// two), one problem per block, with the code generator's blocks per SM and with 2 and 3,
 /// and with A and B realigned in shared memory (`realign_in_shared`), on squares and shapes
-/// whose
-/// warps keep one row of tiles each (m in 113..=128 at 8 and 16 warps, 49..=64, 17..=32),
+/// whose warps keep one row of tiles each (m in 113..=128 at 8 and 16 warps, 49..=64, 17..=32),
 /// flat C (tight, m odd) and C's padded copy (m even, also with a padded ldc and a gap
 /// between the C matrices), every transpose, beta 0 with NaN in C; and shapes where C's
 /// copy is larger than A's (the flag then changes nothing).
@@ -695,12 +694,7 @@ fn f16_c_over_a_matches() {
     }
     for (i, spec) in all.iter().enumerate() {
         let p = spec.col_major();
-        let mt = p.m.div_ceil(16) as u32;
-        let mut warps = vec![8, 16];
-        warps.extend((1..=16).map(|j| j * mt).filter(|w| (4..=16).contains(w)));
-        warps.sort_unstable();
-        warps.dedup();
-        for warps in warps {
+        for warps in row_tile_warps(&p) {
             for (c_over_a, min_blocks, realign_in_shared) in [
                 (false, 0, false),
                 (true, 0, false),
