@@ -1267,6 +1267,9 @@ pub(crate) fn kernel(
     // Operands copied verbatim into their slots (with the shared address of their first
     // element), realigned there once all copies are in.
     let mut deferred: Vec<(&StagedOperand, String)> = Vec::new();
+    // The realigning loaders' slot division: by a multiply-high (`mul_hi_slots`, and under
+    // `FlatC`) or not.
+    let multiply_high = s.stage == Staging::FlatC || s.mul_hi_applies();
     // op(A)[i, p] at i * a_row + p * a_col, stored lead i (N) or p (T); op(B)[p, j] at
     // p * b_row + j * b_col, stored lead p (N) or j (T).
     let (a_lead, a_other, a_lext, a_oext, a_sl, a_so) = match p.trans_a {
@@ -1387,7 +1390,7 @@ pub(crate) fn kernel(
                         lead.max,
                         other.max,
                         so,
-                        s.stage == Staging::FlatC || s.mul_hi_applies(),
+                        multiply_high,
                     );
                 } else {
                     load_flat(
@@ -1420,7 +1423,6 @@ pub(crate) fn kernel(
         };
         asm.op("cp.async.wait_all");
         asm.op(&barrier);
-        let multiply_high = s.stage == Staging::FlatC || s.mul_hi_applies();
         let stores: Vec<Vec<RealignedStore>> = deferred
             .iter()
             .map(|(o, first)| {
