@@ -2172,6 +2172,44 @@ struct MmaWarp {
     group: usize,
     /// Where the slots' addresses point: "global", or "shared" with C staged flat.
     space: &'static str,
+    /// Per lane, whether slot e of each tile holds accumulator e ^ 1 (first) and e ^ 2
+    /// (second) instead of e: see [`epilogue_swaps`]. None: not swapped.
+    swaps: [Option<String>; 2],
+}
+
+/// The lane-dependent order in which a warp's lanes visit the four accumulators of a tile
+/// in the epilogue through shared memory, as a table over the lane's column pair `tig`:
+/// lane (gid, tig) takes accumulator `e ^ table[tig]` at its e-th access. Where C's copy
+/// has columns `ld` halves apart with `ld` odd, the lanes' elements of one accumulator fall
+/// into few banks (4 distinct words a bank where `ld` is 1 or 31 mod 32: 33, 97), so
+/// lanes of different `tig` take different accumulators at once. The table is the one
+/// with the fewest bank conflicts over the copy's possible alignments (then the fewest
+/// swaps); all zeros (the plain order) unless another is strictly better.
+fn epilogue_swaps(ld: usize) -> [usize; 4] {
+    let cost = |table: [usize; 4]| -> usize {
+        (0..8)
+            .flat_map(|base| (0..4).map(move |e| (base, e)))
+            .map(|(base, e)| {
+                bank_degree(32, 2, |lane| {
+                    let (gid, tig) = (lane / 4, lane % 4);
+                    let x = e ^ table[tig];
+                    2 * (base + ld * (2 * tig + (x & 1)) + gid + 8 * (x >> 1))
+                })
+            })
+            .sum()
+    };
+    let swaps = |t: [usize; 4]| t.iter().fold(0, |bits, h| bits | h).count_ones();
+    let mut best = [0; 4];
+    let mut best_cost = cost(best);
+    for code in 1..256usize {
+        let table = std::array::from_fn(|t| (code >> (2 * t)) & 3);
+        let c = cost(table);
+        if c < best_cost || (c == best_cost && best != [0; 4] && swaps(table) < swaps(best)) {
+            best = table;
+            best_cost = c;
+        }
+    }
+    best
 }
 
 /// Tiles a warp computes together (`GpuSchedule::mma_group`): where the warps do not keep
@@ -2238,6 +2276,54 @@ fn mma_warp(
         Some((_, ld)) => ld,
         None => problem.ldc.max,
     };
+    // Swapped accumulators (C in shared memory): this lane's slot e is accumulator e ^ h,
+    // h = table[tig]: row and column of slot 0 move by 8 h1 and h0, slots 1..3 lie
+    // (1 - 2 h0) columns and (1 - 2 h1) * 8 rows from it (`steps`, bytes).
+    let table = match sc {
+        Some(_) if std::env::var_os("SMALLGEMM_NO_SWAPS").is_none() => epilogue_swaps(ldc),
+        _ => [0; 4],
+    };
+    let mut swaps: [Option<String>; 2] = Default::default();
+    let mut shifts: [Option<String>; 2] = Default::default();
+    let mut steps = vec![0.to_string(), (2 * ldc).to_string(), 16.to_string()];
+    if table != [0; 4] {
+        let code: usize = table.iter().enumerate().map(|(t, h)| h << (2 * t)).sum();
+        let h = asm.reg(Kind::B32);
+        asm.op(format!("shl.b32 {h}, {tig}, 1"));
+        asm.op(format!("shr.u32 {h}, {code}, {h}"));
+        let used = table.iter().fold(0, |bits, h| bits | h);
+        for (bit, (swap, shift)) in swaps.iter_mut().zip(&mut shifts).enumerate() {
+            if used & (1 << bit) == 0 {
+                continue;
+            }
+            // The bit, as a predicate and as the shift of slot 0 (1 column, 8 rows).
+            let b = asm.reg(Kind::B32);
+            asm.op(format!("bfe.u32 {b}, {h}, {bit}, 1"));
+            let pr = asm.reg(Kind::Pred);
+            asm.op(format!("setp.ne.u32 {pr}, {b}, 0"));
+            let unit = [1, 8][bit];
+            let sh = asm.reg(Kind::B32);
+            asm.op(format!("mul.lo.u32 {sh}, {b}, {unit}"));
+            // Bytes from slot 0 to the slot one step along this bit: +-(2 ldc) or +-16.
+            let bytes = [2 * ldc, 16][bit];
+            let st = asm.reg(Kind::B32);
+            asm.op(format!("mul.lo.u32 {st}, {b}, {}", 2 * bytes));
+            asm.op(format!("sub.u32 {st}, {bytes}, {st}"));
+            steps[1 + bit] = st;
+            *swap = Some(pr);
+            *shift = Some(sh);
+        }
+        let both = asm.reg(Kind::B32);
+        // A register first (at least one of the two steps is one).
+        let (x, y) = match steps[1].parse::<usize>() {
+            Ok(_) => (&steps[2], &steps[1]),
+            Err(_) => (&steps[1], &steps[2]),
+        };
+        asm.op(format!("add.u32 {both}, {x}, {y}"));
+        steps.push(both);
+    } else {
+        steps.push((2 * ldc + 16).to_string());
+    }
     let group = mma_group(s, p);
     // Groups of `group` tiles of one row tile (consecutive column tiles) in turn: a
     // group's tiles share their A fragments (`mma_body`).
@@ -2287,12 +2373,19 @@ fn mma_warp(
             }
         }
         for (tmr, tnr, valid, hangs) in coords {
-            // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down.
+            // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down (slot 0 swapped
+            // to accumulator h: `shifts`).
             let row = asm.reg(Kind::B32);
             asm.op(format!("mad.lo.u32 {row}, {tmr}, 16, {gid}"));
             let col = asm.reg(Kind::B32);
             asm.op(format!("shl.b32 {col}, {tig}, 1"));
             asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
+            if let Some(sh) = &shifts[0] {
+                asm.op(format!("add.u32 {col}, {col}, {sh}"));
+            }
+            if let Some(sh) = &shifts[1] {
+                asm.op(format!("add.u32 {row}, {row}, {sh}"));
+            }
             let off = asm.reg(Kind::B32);
             asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
             let cbase = match sc {
@@ -2309,15 +2402,21 @@ fn mma_warp(
                     cbase
                 }
             };
-            let rp = asm.offsets_below(&row, [0, 8], p.m, p.m % 16 != 0);
-            let cp = asm.offsets_below(&col, [0, 1], p.n, p.n % 8 != 0);
+            let rp = swapped_below(asm, &row, 8, &swaps[1], p.m, p.m % 16 != 0);
+            let cp = swapped_below(asm, &col, 1, &swaps[0], p.n, p.n % 8 != 0);
             let mut slots = Vec::new();
             // A grouped tile past the last column tile: computed (on clamped B), never stored.
             for i in 0..4 {
-                let (dr, dc) = (8 * (i / 2), i % 2);
-                let pred = asm.and(rp[i / 2].clone(), cp[dc].clone());
+                let pred = asm.and(rp[i / 2].clone(), cp[i % 2].clone());
                 let pred = asm.and(pred, hangs.clone());
-                let addr = format!("{cbase}+{}", (dr + dc * ldc) * 2);
+                let step = &steps[i];
+                let addr = if step.parse::<usize>().is_ok() {
+                    format!("{cbase}+{step}")
+                } else {
+                    let r = asm.reg(Kind::B32);
+                    asm.op(format!("add.u32 {r}, {cbase}, {step}"));
+                    r
+                };
                 let old = (prefetch && epi.beta != Scalar::Zero).then(|| {
                     // A tile past the last one must not read: its address may lie outside C.
                     let lp = asm.and(pred.clone(), valid.clone());
@@ -2340,7 +2439,36 @@ fn mma_warp(
         tiles: out,
         group,
         space: if sc.is_some() { "shared" } else { "global" },
+        swaps,
     }
+}
+
+/// `base + d < limit` and `base + delta < limit` with d = 0 (as predicates; None where
+/// not `needed`), in the other order where `swapped` holds: `base` is then already
+/// `delta` further on, and the other lies `delta` back.
+fn swapped_below(
+    asm: &mut Asm,
+    base: &str,
+    delta: u32,
+    swapped: &Option<String>,
+    limit: usize,
+    needed: bool,
+) -> [Option<String>; 2] {
+    let Some(sw) = swapped else {
+        return asm.offsets_below(base, [0, delta], limit, needed);
+    };
+    if !needed {
+        return [None, None];
+    }
+    let other = asm.reg(Kind::B32);
+    let back = asm.reg(Kind::B32);
+    asm.op(format!("sub.u32 {back}, {base}, {delta}"));
+    asm.op(format!("add.u32 {other}, {base}, {delta}"));
+    asm.op(format!("selp.b32 {other}, {back}, {other}, {sw}"));
+    [
+        Some(asm.lt(base, &limit.to_string())),
+        Some(asm.lt(&other, &limit.to_string())),
+    ]
 }
 
 /// Tensor-core kernels: `warps` warps per problem; warp w takes 16x8 tiles of C in turn
@@ -2555,6 +2683,7 @@ fn mma_body(
             }
         }
         for (acc, tile) in accs.iter().zip(tiles) {
+            let acc = swapped(asm, acc, &mw.swaps);
             for (v, (addr, pred, old)) in acc.iter().zip(&tile.slots) {
                 epi.store(asm, v, addr, pred, old.as_deref(), mw.space);
             }
@@ -2563,6 +2692,23 @@ fn mma_body(
             asm.place(&skip);
         }
     }
+}
+
+/// A tile's accumulators in this lane's slot order ([`MmaWarp::swaps`]): slot e holds
+/// accumulator e ^ h, by conditional swaps (columns, then rows).
+fn swapped(asm: &mut Asm, acc: &[String; 4], swaps: &[Option<String>; 2]) -> [String; 4] {
+    let mut v = acc.clone();
+    for (bit, swap) in swaps.iter().enumerate() {
+        let Some(p) = swap else { continue };
+        let d = 1 << bit;
+        let prev = v.clone();
+        for (e, slot) in v.iter_mut().enumerate() {
+            let r = asm.reg(Kind::F32);
+            asm.op(format!("selp.f32 {r}, {}, {}, {p}", prev[e ^ d], prev[e]));
+            *slot = r;
+        }
+    }
+    v
 }
 
 /// Where one operand of the block's problems lives in shared memory under flat staging:
