@@ -3273,7 +3273,41 @@ fn flat_copy(
 
 #[cfg(test)]
 mod tests {
-    use super::slot_magic;
+    use super::{bank_degree, epilogue_swaps, slot_magic};
+
+    /// The epilogue's lane order: a permutation of each lane's four accumulators, plain
+    /// where the plain order has no conflicts (padded copies: ld a multiple of 8 plus 4 or
+    /// so), and at 33 and 97 (4 words a bank in the plain order) at most 2 words a bank.
+    #[test]
+    fn epilogue_swaps_spread_the_banks() {
+        let worst = |ld: usize, table: [usize; 4]| {
+            (0..8)
+                .flat_map(|base| (0..4).map(move |e| (base, e)))
+                .map(|(base, e)| {
+                    bank_degree(32, 2, |lane| {
+                        let (gid, tig) = (lane / 4, lane % 4);
+                        let x = e ^ table[tig];
+                        2 * (base + ld * (2 * tig + (x & 1)) + gid + 8 * (x >> 1))
+                    })
+                })
+                .max()
+                .unwrap()
+        };
+        for ld in [24, 40, 104, 136] {
+            assert_eq!(worst(ld, [0; 4]), 1, "ld = {ld}");
+            assert_eq!(epilogue_swaps(ld), [0; 4], "ld = {ld}");
+        }
+        for ld in [33, 97] {
+            assert_eq!(worst(ld, [0; 4]), 4, "ld = {ld}");
+            let table = epilogue_swaps(ld);
+            assert!(worst(ld, table) <= 2, "ld = {ld}: {table:?}");
+        }
+        for ld in 17..=128 {
+            let table = epilogue_swaps(ld);
+            assert!(table.iter().all(|&h| h < 4), "ld = {ld}");
+            assert!(worst(ld, table) <= worst(ld, [0; 4]), "ld = {ld}");
+        }
+    }
 
     /// `vector_slot`'s multiply-high division is exact for every slot a loader can have.
     #[test]
