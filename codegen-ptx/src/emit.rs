@@ -2186,18 +2186,7 @@ struct MmaWarp {
 /// with the fewest bank conflicts over the copy's possible alignments (then the fewest
 /// swaps); all zeros (the plain order) unless another is strictly better.
 fn epilogue_swaps(ld: usize) -> [usize; 4] {
-    let cost = |table: [usize; 4]| -> usize {
-        (0..8)
-            .flat_map(|base| (0..4).map(move |e| (base, e)))
-            .map(|(base, e)| {
-                bank_degree(32, 2, |lane| {
-                    let (gid, tig) = (lane / 4, lane % 4);
-                    let x = e ^ table[tig];
-                    2 * (base + ld * (2 * tig + (x & 1)) + gid + 8 * (x >> 1))
-                })
-            })
-            .sum()
-    };
+    let cost = |table: [usize; 4]| -> usize { epilogue_degrees(ld, table).sum() };
     let swaps = |t: [usize; 4]| t.iter().fold(0, |bits, h| bits | h).count_ones();
     let mut best = [0; 4];
     let mut best_cost = cost(best);
@@ -2210,6 +2199,21 @@ fn epilogue_swaps(ld: usize) -> [usize; 4] {
         }
     }
     best
+}
+
+/// The bank conflict degree of each of a warp's four epilogue accesses to C's copy
+/// (columns `ld` halves apart) under `table` (see [`epilogue_swaps`]), for each of the
+/// copy's eight alignments (halves past a 16-byte boundary).
+fn epilogue_degrees(ld: usize, table: [usize; 4]) -> impl Iterator<Item = usize> {
+    (0..8)
+        .flat_map(|base| (0..4).map(move |e| (base, e)))
+        .map(move |(base, e)| {
+            bank_degree(32, 2, |lane| {
+                let (gid, tig) = (lane / 4, lane % 4);
+                let x = e ^ table[tig];
+                2 * (base + ld * (2 * tig + (x & 1)) + gid + 8 * (x >> 1))
+            })
+        })
 }
 
 /// Tiles a warp computes together (`GpuSchedule::mma_group`): where the warps do not keep
@@ -3273,26 +3277,14 @@ fn flat_copy(
 
 #[cfg(test)]
 mod tests {
-    use super::{bank_degree, epilogue_swaps, slot_magic};
+    use super::{epilogue_degrees, epilogue_swaps, slot_magic};
 
     /// The epilogue's lane order: a permutation of each lane's four accumulators, plain
     /// where the plain order has no conflicts (padded copies: ld a multiple of 8 plus 4 or
     /// so), and at 33 and 97 (4 words a bank in the plain order) at most 2 words a bank.
     #[test]
     fn epilogue_swaps_spread_the_banks() {
-        let worst = |ld: usize, table: [usize; 4]| {
-            (0..8)
-                .flat_map(|base| (0..4).map(move |e| (base, e)))
-                .map(|(base, e)| {
-                    bank_degree(32, 2, |lane| {
-                        let (gid, tig) = (lane / 4, lane % 4);
-                        let x = e ^ table[tig];
-                        2 * (base + ld * (2 * tig + (x & 1)) + gid + 8 * (x >> 1))
-                    })
-                })
-                .max()
-                .unwrap()
-        };
+        let worst = |ld: usize, table: [usize; 4]| epilogue_degrees(ld, table).max().unwrap();
         for ld in [24, 40, 104, 136] {
             assert_eq!(worst(ld, [0; 4]), 1, "ld = {ld}");
             assert_eq!(epilogue_swaps(ld), [0; 4], "ld = {ld}");
