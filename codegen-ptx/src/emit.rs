@@ -2173,7 +2173,7 @@ struct MmaWarp {
     /// Where the slots' addresses point: "global", or "shared" with C staged flat.
     space: &'static str,
     /// Per lane, whether slot e of each tile holds accumulator e ^ 1 (first) and e ^ 2
-    /// (second) instead of e: see [`epilogue_swaps`]. None: not swapped.
+    /// (second) instead of e: see [`epilogue_swap_table`]. None: not swapped.
     swaps: [Option<String>; 2],
 }
 
@@ -2185,7 +2185,7 @@ struct MmaWarp {
 /// lanes of different `tig` take different accumulators at once. The table is the one
 /// with the fewest bank conflicts over the copy's possible alignments (then the fewest
 /// swaps); all zeros (the plain order) unless another is strictly better.
-fn epilogue_swaps(ld: usize) -> [usize; 4] {
+fn epilogue_swap_table(ld: usize) -> [usize; 4] {
     let cost = |table: [usize; 4]| -> usize { epilogue_degrees(ld, table).sum() };
     let swaps = |t: [usize; 4]| t.iter().fold(0, |bits, h| bits | h).count_ones();
     let mut best = [0; 4];
@@ -2202,7 +2202,7 @@ fn epilogue_swaps(ld: usize) -> [usize; 4] {
 }
 
 /// The bank conflict degree of each of a warp's four epilogue accesses to C's copy
-/// (columns `ld` halves apart) under `table` (see [`epilogue_swaps`]), for each of the
+/// (columns `ld` halves apart) under `table` (see [`epilogue_swap_table`]), for each of the
 /// copy's eight alignments (halves past a 16-byte boundary).
 fn epilogue_degrees(ld: usize, table: [usize; 4]) -> impl Iterator<Item = usize> {
     (0..8)
@@ -2236,8 +2236,28 @@ struct MmaTile {
     tmr: String,
     tnr: String,
     valid: Option<String>,
-    #[allow(clippy::type_complexity)]
-    slots: Vec<(String, Option<String>, Option<String>)>,
+    /// Per accumulator slot: its address, its guard, and C's old value where prefetched.
+    slots: Vec<(SlotAddr, Option<String>, Option<String>)>,
+}
+
+/// A slot's address: a base register plus a byte offset, an immediate, or for swapped
+/// slots ([`epilogue_swap_table`]) a register added only at the store, so that the tiles'
+/// addresses do not all hold registers through the k loop.
+struct SlotAddr {
+    base: String,
+    offset: String,
+}
+
+impl SlotAddr {
+    /// The address as an operand (emits the add of a register offset).
+    fn operand(&self, asm: &mut Asm) -> String {
+        if self.offset.parse::<usize>().is_ok() {
+            return format!("{}+{}", self.base, self.offset);
+        }
+        let r = asm.reg(Kind::B32);
+        asm.op(format!("add.u32 {r}, {}, {}", self.base, self.offset));
+        r
+    }
 }
 
 /// The tiles of C of this thread's warp, with their addresses in C; with `prefetch`, the
@@ -2280,11 +2300,12 @@ fn mma_warp(
         Some((_, ld)) => ld,
         None => problem.ldc.max,
     };
-    // Swapped accumulators (C in shared memory): this lane's slot e is accumulator e ^ h,
-    // h = table[tig]: row and column of slot 0 move by 8 h1 and h0, slots 1..3 lie
-    // (1 - 2 h0) columns and (1 - 2 h1) * 8 rows from it (`steps`, bytes).
+    // Swapped accumulators (`GpuSchedule::epilogue_swaps`, C in shared memory): this
+    // lane's slot e is accumulator e ^ h, h = table[tig]: row and column of slot 0 move by
+    // 8 h1 and h0, slots 1..3 lie (1 - 2 h0) columns and (1 - 2 h1) * 8 rows from it
+    // (`steps`, bytes).
     let table = match sc {
-        Some(_) if std::env::var_os("SMALLGEMM_NO_SWAPS").is_none() => epilogue_swaps(ldc),
+        Some(_) if s.epilogue_swaps_apply() => epilogue_swap_table(ldc),
         _ => [0; 4],
     };
     let mut swaps: [Option<String>; 2] = Default::default();
@@ -2413,17 +2434,14 @@ fn mma_warp(
             for i in 0..4 {
                 let pred = asm.and(rp[i / 2].clone(), cp[i % 2].clone());
                 let pred = asm.and(pred, hangs.clone());
-                let step = &steps[i];
-                let addr = if step.parse::<usize>().is_ok() {
-                    format!("{cbase}+{step}")
-                } else {
-                    let r = asm.reg(Kind::B32);
-                    asm.op(format!("add.u32 {r}, {cbase}, {step}"));
-                    r
+                let addr = SlotAddr {
+                    base: cbase.clone(),
+                    offset: steps[i].clone(),
                 };
                 let old = (prefetch && epi.beta != Scalar::Zero).then(|| {
                     // A tile past the last one must not read: its address may lie outside C.
                     let lp = asm.and(pred.clone(), valid.clone());
+                    let addr = addr.operand(asm);
                     epi.load(asm, &addr, &lp, "global")
                 });
                 slots.push((addr, pred, old));
@@ -2689,7 +2707,8 @@ fn mma_body(
         for (acc, tile) in accs.iter().zip(tiles) {
             let acc = swapped(asm, acc, &mw.swaps);
             for (v, (addr, pred, old)) in acc.iter().zip(&tile.slots) {
-                epi.store(asm, v, addr, pred, old.as_deref(), mw.space);
+                let addr = addr.operand(asm);
+                epi.store(asm, v, &addr, pred, old.as_deref(), mw.space);
             }
         }
         if tiles[0].valid.is_some() {
@@ -3277,7 +3296,7 @@ fn flat_copy(
 
 #[cfg(test)]
 mod tests {
-    use super::{epilogue_degrees, epilogue_swaps, slot_magic};
+    use super::{epilogue_degrees, epilogue_swap_table, slot_magic};
 
     /// The epilogue's lane order: a permutation of each lane's four accumulators, plain
     /// where the plain order has no conflicts (padded copies: ld a multiple of 8 plus 4 or
@@ -3287,15 +3306,15 @@ mod tests {
         let worst = |ld: usize, table: [usize; 4]| epilogue_degrees(ld, table).max().unwrap();
         for ld in [24, 40, 104, 136] {
             assert_eq!(worst(ld, [0; 4]), 1, "ld = {ld}");
-            assert_eq!(epilogue_swaps(ld), [0; 4], "ld = {ld}");
+            assert_eq!(epilogue_swap_table(ld), [0; 4], "ld = {ld}");
         }
         for ld in [33, 97] {
             assert_eq!(worst(ld, [0; 4]), 4, "ld = {ld}");
-            let table = epilogue_swaps(ld);
+            let table = epilogue_swap_table(ld);
             assert!(worst(ld, table) <= 2, "ld = {ld}: {table:?}");
         }
         for ld in 17..=128 {
-            let table = epilogue_swaps(ld);
+            let table = epilogue_swap_table(ld);
             assert!(table.iter().all(|&h| h < 4), "ld = {ld}");
             assert!(worst(ld, table) <= worst(ld, [0; 4]), "ld = {ld}");
         }

@@ -160,8 +160,9 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     } else {
         ""
     };
+    let sw = if s.epilogue_swaps_apply() { "_sw" } else { "" };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}",
         spec.name(),
         kind.suffix(),
         s.tba

@@ -63,8 +63,8 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// loaders, padded and flat staging (C too with `FlatC`), with and without the C prefetch,
 /// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`), A and
 /// B copied verbatim with 16-bit fragment loads (`flat_fragments`), the verbatim copies
-/// through `cp.async` (`async_copies`), and A and B realigned in shared memory
-/// (`realign_in_shared`).
+/// through `cp.async` (`async_copies`), A and B realigned in shared memory
+/// (`realign_in_shared`), and the epilogue's lanes in swapped order (`epilogue_swaps`).
 fn mma_variants() -> Vec<GpuSchedule> {
     let mut out = Vec::new();
     for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
@@ -97,6 +97,18 @@ fn mma_variants() -> Vec<GpuSchedule> {
                             realign_in_shared: true,
                             ..GpuSchedule::mma(warps, tba, ldmatrix)
                         });
+                    }
+                    if stage == Staging::FlatC && !prefetch_c {
+                        // The epilogue's lanes in swapped order, one tile at a time and in
+                        // groups (the prefetch is moot under `FlatC`).
+                        for &mma_group in groups {
+                            out.push(GpuSchedule {
+                                stage,
+                                mma_group,
+                                epilogue_swaps: true,
+                                ..GpuSchedule::mma(warps, tba, ldmatrix)
+                            });
+                        }
                     }
                     if !ldmatrix && stage != Staging::Padded {
                         // A and B verbatim, fragments by 16-bit loads; their copies (and

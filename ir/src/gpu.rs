@@ -243,6 +243,15 @@ pub struct GpuSchedule {
     /// operand whose verbatim copy is larger than its slot.
     #[serde(default)]
     pub realign_in_shared: bool,
+    /// Tensor-core kernels with C through shared memory (`Staging::FlatC`): in the
+    /// epilogue, each lane takes its four accumulators of a tile in a lane-dependent order
+    /// (conditional swaps), chosen by the code generator for C's copy against bank
+    /// conflicts. Where m is odd the copy is verbatim, its columns m halves apart, and a
+    /// warp's 16-bit accesses in the plain order fall into few banks (4 words a bank where
+    /// m is 1 or 31 mod 32). It costs selects and registers. Ignored elsewhere, and where
+    /// the plain order has no conflicts (docs/gpu-notes.md, version 18).
+    #[serde(default)]
+    pub epilogue_swaps: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -319,6 +328,7 @@ impl GpuSchedule {
             flat_fragments: false,
             async_copies: false,
             realign_in_shared: false,
+            epilogue_swaps: false,
         }
     }
 
@@ -343,6 +353,7 @@ impl GpuSchedule {
             flat_fragments: false,
             async_copies: false,
             realign_in_shared: false,
+            epilogue_swaps: false,
         }
     }
 
@@ -355,7 +366,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -382,6 +393,11 @@ impl GpuSchedule {
                 },
                 if self.realign_in_shared_apply() {
                     " rsh"
+                } else {
+                    ""
+                },
+                if self.epilogue_swaps_apply() {
+                    " sw"
                 } else {
                     ""
                 }
@@ -413,6 +429,12 @@ impl GpuSchedule {
         self.async_copies
             && self.mma.is_some()
             && (self.stage == Staging::FlatC || self.flat_fragments_apply())
+    }
+
+    /// Whether `epilogue_swaps` takes effect (the table aside): tensor-core kernels with C
+    /// through shared memory.
+    pub fn epilogue_swaps_apply(&self) -> bool {
+        self.epilogue_swaps && self.mma.is_some() && self.stage == Staging::FlatC
     }
 
     /// Whether `realign_in_shared` takes effect (the batch form, the sizes and the slots
@@ -757,12 +779,14 @@ const H100_F16_FLAT_FRAGMENTS: [(usize, u32, u32, bool); 9] = [
 /// 96.5-97.3, 35 89.5-90.1 -> 98.3-99.0, 37 96.2-97.1 -> 100.4-100.6); the flat-fragment
 /// kernels below 29 kept theirs. Version 17: 97 takes 98's kernel (14 warps, 2 blocks per
 /// SM for ptxas; from `tune --schedules`), 80.6-80.8 -> 85.4-85.5% in two alternated bench
-/// runs. (n, warps, variant, blocks per SM for ptxas, tiles per group, `async_copies`);
+/// runs. Version 18: 33 on 3 warps, one tile at a time (with the epilogue swaps; `tune
+/// --schedules`), 90.1 / 89.0 -> 90.6 / 91.8%. (n, warps, variant, blocks per SM for
+/// ptxas, tiles per group, `async_copies`);
 /// they replace the entries above at those sizes.
 #[rustfmt::skip]
 const H100_F16_REALIGNED: [(usize, u32, Mma, u32, u32, bool); 87] = [
     (21, 2, FlatC, 0, 0, true), (29, 4, FlatC, 0, 0, true), (30, 4, FlatC, 0, 0, true), (31, 2, FlatPre, 0, 0, false),
-    (33, 2, FlatC, 0, 3, true),
+    (33, 3, FlatC, 0, 0, true),
     (34, 2, FlatC, 0, 3, true), (35, 2, FlatC, 0, 3, true), (36, 6, FlatC, 0, 0, true),
     (37, 2, FlatC, 0, 3, false), (38, 6, FlatC, 0, 0, true), (39, 6, FlatC, 0, 0, true),
     (41, 6, FlatC, 0, 0, true), (42, 8, FlatC, 0, 3, true), (43, 6, FlatC, 0, 0, true),
@@ -938,6 +962,16 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
         // Too many tiles per warp (a long, thin shape) to hold C's old values too.
         s.prefetch_c = false;
     }
+    // The epilogue's lanes in swapped order where C's verbatim copy has the most bank
+    // conflicts (m 1 or 31 mod 32: 4 words a bank) or where the epilogue weighs most (m up
+    // to 32, few k steps). Measured on an H100 (docs/gpu-notes.md, version 18): 17 76 ->
+    // 82%, 33 80 -> 90%, 65 96 -> 99-100%, 97 86 -> 91%, 127 91 -> 94-95%; where the
+    // plain order has 2 words a bank above 32 the selects and registers cost more than
+    // the conflicts (93 93 -> 88%, 113 94 -> 85%, 117 95 -> 91%).
+    s.epilogue_swaps = p.dtype == Dtype::F16
+        && s.mma.is_some()
+        && p.m % 2 == 1
+        && (p.m <= 32 || matches!(p.m % 32, 1 | 31));
     if s.mma.is_none() && s.validate(p, target).is_err() {
         // Too many threads for one-element tiles: grow the tile.
         for (rm, rn) in [(2, 2), (4, 2), (4, 4), (8, 4), (8, 8)] {

@@ -727,6 +727,80 @@ fn f16_c_over_a_matches() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The epilogue's lanes in swapped order (`GpuSchedule::epilogue_swaps`) at every odd m
+/// from 17 to 127 (C's verbatim copy: each leading dimension mod 32 has its own order):
+/// the planned schedule with the flag, and `FlatC` with 2 warps in groups of 3 and 2
+/// problems per block (the second copy at another alignment), 8 warps in groups of 2, and
+/// flat fragments at the sizes to 40; n and k varied (partial row and column tiles, so
+/// that the swapped guards matter), every transpose, alpha and beta of each kind, beta 0
+/// with NaN in C.
+#[test]
+fn f16_epilogue_swaps_match() {
+    let Some(gpu) = gpu("f16_epilogue_swaps") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut count = 0;
+    let trans = [Trans::N, Trans::T];
+    let alphas = [
+        Scalar::fixed(1.5).unwrap(),
+        Scalar::MinusOne,
+        Scalar::Runtime,
+        Scalar::One,
+    ];
+    let betas = [
+        Scalar::Zero,
+        Scalar::fixed(0.5).unwrap(),
+        Scalar::Runtime,
+        Scalar::One,
+    ];
+    for (i, m) in (17..=127usize).step_by(2).enumerate() {
+        // Squares every third size; else n and k off the tile multiples.
+        let (n, k) = if i % 3 == 0 {
+            (m, m)
+        } else {
+            (9 + (m * 7) % 119, 5 + (m * 3) % 123)
+        };
+        let spec = GemmSpec::builder(Dtype::F16, m, n, k)
+            .trans_a(trans[i % 2])
+            .trans_b(trans[(i / 2) % 2])
+            .alpha(alphas[i % 4])
+            .beta(betas[(i / 4) % 4])
+            .build()
+            .unwrap();
+        let p = spec.col_major();
+        let planned = smallgemm_ir::plan_gpu(&p, gpu.target()).unwrap();
+        let flatc = |warps, tba, mma_group, flat_fragments| GpuSchedule {
+            stage: Staging::FlatC,
+            mma_group,
+            flat_fragments,
+            ..GpuSchedule::mma(warps, tba, !flat_fragments)
+        };
+        let mut variants = vec![planned, flatc(2, 2, 3, false), flatc(8, 1, 2, false)];
+        if m <= 40 {
+            variants.push(flatc(2, 2, 0, true));
+        }
+        for v in variants {
+            let s = GpuSchedule {
+                epilogue_swaps: true,
+                ..v
+            };
+            if !s.epilogue_swaps_apply() || s.validate(&p, gpu.target()).is_err() {
+                continue;
+            }
+            count += 1;
+            if let Err(e) = run_f16_with(&gpu, &spec, 2700 + (i * 5 + count) as u64, Some(&s)) {
+                failures.push(format!("{s:?}: {e}"));
+            }
+        }
+    }
+    println!(
+        "{count} f16 epilogue_swaps kernels checked, {} failed",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 type Pointers = (CudaSlice<u64>, CudaSlice<u64>, CudaSlice<u64>);
 
 fn pointer_arrays<T: GpuElement>(
