@@ -2240,23 +2240,48 @@ struct MmaTile {
     slots: Vec<(SlotAddr, Option<String>, Option<String>)>,
 }
 
-/// A slot's address: a base register plus a byte offset, an immediate, or for swapped
-/// slots ([`epilogue_swap_table`]) a register added only at the store, so that the tiles'
-/// addresses do not all hold registers through the k loop.
+/// A byte offset from a slot's base: an immediate, or (swapped slots,
+/// [`epilogue_swap_table`]) a lane-dependent register.
+#[derive(Clone)]
+enum Offset {
+    Imm(usize),
+    Reg(String),
+}
+
+impl Offset {
+    /// `self + other`: an immediate where both are, else a register (emitted here).
+    fn add(&self, asm: &mut Asm, other: &Offset) -> Offset {
+        let (x, y) = match (self, other) {
+            (Offset::Imm(x), Offset::Imm(y)) => return Offset::Imm(x + y),
+            (Offset::Reg(x), Offset::Imm(y)) | (Offset::Imm(y), Offset::Reg(x)) => {
+                (x.clone(), y.to_string())
+            }
+            (Offset::Reg(x), Offset::Reg(y)) => (x.clone(), y.clone()),
+        };
+        let r = asm.reg(Kind::B32);
+        asm.op(format!("add.u32 {r}, {x}, {y}"));
+        Offset::Reg(r)
+    }
+}
+
+/// A slot's address: a base register plus an offset; a register offset is added only at
+/// the access, so that the tiles' addresses do not all hold registers through the k loop.
 struct SlotAddr {
     base: String,
-    offset: String,
+    offset: Offset,
 }
 
 impl SlotAddr {
     /// The address as an operand (emits the add of a register offset).
     fn operand(&self, asm: &mut Asm) -> String {
-        if self.offset.parse::<usize>().is_ok() {
-            return format!("{}+{}", self.base, self.offset);
+        match &self.offset {
+            Offset::Imm(d) => format!("{}+{d}", self.base),
+            Offset::Reg(r) => {
+                let a = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {a}, {}, {r}", self.base));
+                a
+            }
         }
-        let r = asm.reg(Kind::B32);
-        asm.op(format!("add.u32 {r}, {}, {}", self.base, self.offset));
-        r
     }
 }
 
@@ -2310,7 +2335,7 @@ fn mma_warp(
     };
     let mut swaps: [Option<String>; 2] = Default::default();
     let mut shifts: [Option<String>; 2] = Default::default();
-    let mut steps = vec![0.to_string(), (2 * ldc).to_string(), 16.to_string()];
+    let mut steps = [Offset::Imm(0), Offset::Imm(2 * ldc), Offset::Imm(16)];
     if table != [0; 4] {
         let code: usize = table.iter().enumerate().map(|(t, h)| h << (2 * t)).sum();
         let h = asm.reg(Kind::B32);
@@ -2334,21 +2359,14 @@ fn mma_warp(
             let st = asm.reg(Kind::B32);
             asm.op(format!("mul.lo.u32 {st}, {b}, {}", 2 * bytes));
             asm.op(format!("sub.u32 {st}, {bytes}, {st}"));
-            steps[1 + bit] = st;
+            steps[1 + bit] = Offset::Reg(st);
             *swap = Some(pr);
             *shift = Some(sh);
         }
-        let both = asm.reg(Kind::B32);
-        // A register first (at least one of the two steps is one).
-        let (x, y) = match steps[1].parse::<usize>() {
-            Ok(_) => (&steps[2], &steps[1]),
-            Err(_) => (&steps[1], &steps[2]),
-        };
-        asm.op(format!("add.u32 {both}, {x}, {y}"));
-        steps.push(both);
-    } else {
-        steps.push((2 * ldc + 16).to_string());
     }
+    // Slot 3: one step along each bit.
+    let both = steps[1].add(asm, &steps[2]);
+    let steps = [steps[0].clone(), steps[1].clone(), steps[2].clone(), both];
     let group = mma_group(s, p);
     // Groups of `group` tiles of one row tile (consecutive column tiles) in turn: a
     // group's tiles share their A fragments (`mma_body`).
