@@ -71,6 +71,11 @@ pub struct EmitArgs {
     /// their own). With --isa avx512 only.
     #[arg(long)]
     halves_512: bool,
+    /// Generate for AMD's AVX2 cores (Zen 1 to 3), as the JIT detects them
+    /// (`Target::AVX2_AMD`): their masked stores are slow, so tails of C are stored in whole
+    /// pieces instead of by `vmaskmov`. With --isa avx2 only.
+    #[arg(long)]
+    slow_masked_stores: bool,
     #[arg(long, value_enum, default_value = "asm")]
     format: Format,
     /// Object format and calling convention for --format obj (default: x86_64-linux).
@@ -158,8 +163,13 @@ pub fn emit(args: &EmitArgs) -> Result<ExitCode, String> {
     if args.halves_512 && args.isa != Isa::Avx512 {
         return Err("--halves-512 applies to --isa avx512 only".into());
     }
+    if args.slow_masked_stores && args.isa != Isa::Avx2 {
+        return Err("--slow-masked-stores applies to --isa avx2 only".into());
+    }
     let target = if args.halves_512 {
         Target::AVX512_HALVES
+    } else if args.slow_masked_stores {
+        Target::AVX2_AMD
     } else {
         Target::new(args.isa)
     };

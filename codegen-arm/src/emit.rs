@@ -417,6 +417,15 @@ impl<'a> Emitter<'a> {
                     }
                 }
             }
+            // NEON stores every tail in pieces (the lowering asks for it on AVX2 only).
+            Op::StorePieces {
+                addr,
+                src,
+                lanes: n,
+            } => {
+                let t = self.v(src)?;
+                self.partial_store(t, addr, (n as u32).min(lanes))?
+            }
             // The runtime makes them for x86 only (AArch64's `stnp` is not used).
             Op::StoreStream { .. } => {
                 return Err(EmitError::Unsupported("streaming stores"));

@@ -191,6 +191,46 @@ pub(crate) fn transpose_add(
     }
 }
 
+/// One move of an `Op::StorePieces` on AVX2, at a byte offset from its address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Piece {
+    /// The low 16 bytes (vmovupd / vmovups).
+    Low16,
+    /// The upper 128 bits of the ymm moved down into its low half, so the pieces after it
+    /// take lanes from there (vextractf128 into the source register itself).
+    MoveHighDown,
+    /// The low 8 bytes (vmovsd, also for two f32 lanes).
+    Low8,
+    /// One f32 lane of the low 128 bits: lane 0 (vmovss) or 2 (vextractps).
+    Lane4(u8),
+}
+
+/// The moves that store the first `bytes` bytes (a multiple of 4, under 32) of a ymm
+/// register, each with its byte offset: largest first, so that at most one move brings the
+/// upper half down. Both emitters ask here. None for other sizes.
+pub(crate) fn store_pieces(isa: Isa, bytes: usize) -> Option<Vec<(i32, Piece)>> {
+    if isa != Isa::Avx2 || bytes == 0 || bytes >= 32 || bytes % 4 != 0 {
+        return None;
+    }
+    let mut pieces = Vec::with_capacity(4);
+    let mut at = 0;
+    if bytes >= 16 {
+        pieces.push((0, Piece::Low16));
+        at = 16;
+        if bytes > 16 {
+            pieces.push((0, Piece::MoveHighDown));
+        }
+    }
+    if bytes - at >= 8 {
+        pieces.push((at as i32, Piece::Low8));
+        at += 8;
+    }
+    if bytes > at {
+        pieces.push((at as i32, Piece::Lane4((at % 16 / 4) as u8)));
+    }
+    Some(pieces)
+}
+
 /// Full permutes (`Indices`, `PermuteVar`) exist for 512-bit f32 and f64 vectors only: the
 /// kernels that use them are lane-packed 3x3x3. Both emitters ask here.
 pub(crate) fn full_permutes(isa: Isa, program: &Program) -> Result<(), EmitError> {
@@ -214,6 +254,18 @@ fn permute_imm(select: [u8; 4]) -> Result<u8, EmitError> {
         .iter()
         .enumerate()
         .fold(0, |imm, (i, &t)| imm | t << (2 * i)))
+}
+
+/// The address of a piece `offset` bytes into a store at `addr`.
+pub(crate) fn piece_addr(addr: Addr, offset: i32) -> Result<Addr, EmitError> {
+    let offset = addr
+        .offset
+        .checked_add(offset)
+        .ok_or(EmitError::Encoder(format!(
+            "offset {} + {offset}",
+            addr.offset
+        )))?;
+    Ok(Addr { offset, ..addr })
 }
 
 /// Scalar moves have shorter VEX forms while the register is below 16.
@@ -521,6 +573,34 @@ impl<'a> Emitter<'a> {
             Op::StoreStream { addr, src } => {
                 let (r, m) = (self.v(src)?, self.mem(addr)?);
                 self.vec(self.forms.store_stream, r, 0, m);
+            }
+            Op::StorePieces { addr, src, lanes } => {
+                let r = self.v(src)?;
+                let bytes = lanes as usize * dtype.size();
+                let pieces = store_pieces(self.isa, bytes)
+                    .ok_or(EmitError::Unsupported("this store in pieces", self.isa))?;
+                let low16 = full_forms(self.isa, dtype)?.store.with_width(16);
+                for (offset, piece) in pieces {
+                    let m = self.mem(piece_addr(addr, offset)?)?;
+                    let no = Evex::default();
+                    match piece {
+                        Piece::Low16 => self.vec(low16, r, 0, m),
+                        Piece::MoveHighDown => self.asm.vec_imm8(
+                            enc::VEX_VEXTRACTF128_XMM_YMM_IMM8,
+                            r,
+                            0,
+                            Rm::Reg(r),
+                            no,
+                            1,
+                        ),
+                        Piece::Low8 => self.vec(enc::VEX_VMOVSD_M64_XMM, r, 0, m),
+                        Piece::Lane4(0) => self.vec(enc::VEX_VMOVSS_M32_XMM, r, 0, m),
+                        Piece::Lane4(lane) => {
+                            let form = enc::VEX_VEXTRACTPS_M32_XMM_IMM8;
+                            self.asm.vec_imm8(form, r, 0, m, no, lane)
+                        }
+                    }
+                }
             }
             Op::Broadcast { dst, addr } => {
                 let (r, m) = (self.v(dst)?, self.mem(addr)?);

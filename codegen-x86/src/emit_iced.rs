@@ -548,6 +548,39 @@ impl<'a> Emitter<'a> {
                 let (r, m) = (self.v(src)?, self.mem(addr, false)?);
                 self.add(Instruction::with2(code, m, r)?)?;
             }
+            Op::StorePieces { addr, src, lanes } => {
+                use crate::emit::{piece_addr, store_pieces, Piece};
+                let n = vector_number(self.v(src)?);
+                let (x, y) = (
+                    nth_register(Register::XMM0, n),
+                    nth_register(Register::YMM0, n),
+                );
+                let pieces = store_pieces(self.isa, lanes as usize * dtype.size())
+                    .ok_or(EmitError::Unsupported("this store in pieces", self.isa))?;
+                for (offset, piece) in pieces {
+                    let m = self.mem(piece_addr(addr, offset)?, false)?;
+                    let i = match (piece, dtype) {
+                        (Piece::Low16, Dtype::F64) => {
+                            Instruction::with2(Code::VEX_Vmovupd_xmmm128_xmm, m, x)?
+                        }
+                        (Piece::Low16, _) => {
+                            Instruction::with2(Code::VEX_Vmovups_xmmm128_xmm, m, x)?
+                        }
+                        (Piece::MoveHighDown, _) => {
+                            Instruction::with3(Code::VEX_Vextractf128_xmmm128_ymm_imm8, x, y, 1u32)?
+                        }
+                        (Piece::Low8, _) => Instruction::with2(Code::VEX_Vmovsd_m64_xmm, m, x)?,
+                        (Piece::Lane4(0), _) => Instruction::with2(Code::VEX_Vmovss_m32_xmm, m, x)?,
+                        (Piece::Lane4(lane), _) => Instruction::with3(
+                            Code::VEX_Vextractps_rm32_xmm_imm8,
+                            m,
+                            x,
+                            lane as u32,
+                        )?,
+                    };
+                    self.add(i)?;
+                }
+            }
             Op::Broadcast { dst, addr } => {
                 let i = Instruction::with2(broadcast, self.v(dst)?, self.mem(addr, false)?)?;
                 self.add(i)?;

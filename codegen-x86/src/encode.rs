@@ -155,6 +155,11 @@ pub(crate) const VEX_VPERMPD_YMM_IMM8: VForm = vex(3, 1, true, 1, 0x01);
 /// A 128-bit group repeated across the vector (0F38).
 pub(crate) const VEX_VBROADCASTF128_YMM_M128: VForm = vex(2, 1, false, 1, 0x1A);
 pub(crate) const VEX_VINSERTF128_YMM_M128: VForm = vex(3, 1, false, 1, 0x18);
+/// Stores of a tail in pieces (`Op::StorePieces`, map 0F3A): the upper 128 bits of a ymm
+/// into an xmm (`op xmm, ymm, imm8`: the ymm in ModRM.reg), and one f32 lane of an xmm to
+/// memory (`op [mem], xmm, imm8`).
+pub(crate) const VEX_VEXTRACTF128_XMM_YMM_IMM8: VForm = vex(3, 1, false, 1, 0x19);
+pub(crate) const VEX_VEXTRACTPS_M32_XMM_IMM8: VForm = vex(3, 1, false, 0, 0x17);
 
 pub(crate) const EVEX_VMOVUPD_ZMM_M512: VForm = evex(1, 1, true, 2, 0x10, 64);
 pub(crate) const EVEX_VMOVUPD_M512_ZMM: VForm = evex(1, 1, true, 2, 0x11, 64);

@@ -138,6 +138,10 @@ enum Shape {
     RrImm,
     /// `op reg, reg, [mem], imm8` (group inserts).
     RrmImm,
+    /// `op [mem], reg, imm8` (vextractps).
+    StoreImm,
+    /// `op xmm, ymm, imm8` with the ymm in ModRM.reg (vextractf128).
+    ExtractImm,
 }
 
 /// The encoder's form, iced's code, operand shape, register class.
@@ -847,6 +851,18 @@ fn table() -> Vec<Row> {
             ymm,
         ),
         (
+            enc::VEX_VEXTRACTPS_M32_XMM_IMM8,
+            Code::VEX_Vextractps_rm32_xmm_imm8,
+            StoreImm,
+            xmm,
+        ),
+        (
+            enc::VEX_VEXTRACTF128_XMM_YMM_IMM8,
+            Code::VEX_Vextractf128_xmmm128_ymm_imm8,
+            ExtractImm,
+            ymm,
+        ),
+        (
             enc::EVEX_VINSERTF32X4_ZMM_M128,
             Code::EVEX_Vinsertf32x4_zmm_k1z_zmm_xmmm128_imm8,
             RrmImm,
@@ -908,7 +924,8 @@ fn vector_forms_match_iced() {
                     | Shape::Store
                     | Shape::LoadVvvv
                     | Shape::StoreVvvv
-                    | Shape::RrmImm => {
+                    | Shape::RrmImm
+                    | Shape::StoreImm => {
                         // All memory operands for a few registers, a few for the rest.
                         let step = if [0, 7, 8, 15, 16, 31].contains(&r) && mask <= 1 {
                             1
@@ -943,6 +960,16 @@ fn vector_forms_match_iced() {
                                         ours(|a| a.vec_imm8(form, r, v, Rm::Mem(*m), extras, imm)),
                                     )
                                 }
+                                Shape::StoreImm => {
+                                    let imm = r % 4;
+                                    (
+                                        finish(
+                                            Instruction::with3(code, im, class(r), imm as u32)
+                                                .unwrap(),
+                                        ),
+                                        ours(|a| a.vec_imm8(form, r, 0, Rm::Mem(*m), extras, imm)),
+                                    )
+                                }
                                 Shape::LoadVvvv => (
                                     finish(
                                         Instruction::with3(code, class(r), class(v), im).unwrap(),
@@ -973,6 +1000,22 @@ fn vector_forms_match_iced() {
                                     ours(|asm| asm.vec_imm8(form, r, 0, Rm::Reg(a), extras, imm));
                                 check(
                                     &|| format!("{code:?} {r} {a} {imm:#x} k{mask}"),
+                                    finish(i),
+                                    got,
+                                );
+                                count += 1;
+                            }
+                        }
+                    }
+                    Shape::ExtractImm => {
+                        for a in 0..regs {
+                            for imm in [0u8, 1] {
+                                let i =
+                                    Instruction::with3(code, xmm(a), class(r), imm as u32).unwrap();
+                                let got =
+                                    ours(|asm| asm.vec_imm8(form, r, 0, Rm::Reg(a), extras, imm));
+                                check(
+                                    &|| format!("{code:?} {a} {r} {imm:#x} k{mask}"),
                                     finish(i),
                                     got,
                                 );
@@ -1301,7 +1344,7 @@ fn kernels_match_the_iced_path() {
     for builder in specs() {
         let spec = builder.build().unwrap();
         let problem = spec.col_major();
-        for target in [Target::AVX2, Target::AVX512] {
+        for target in [Target::AVX2, Target::AVX2_AMD, Target::AVX512] {
             // The planner's schedule, and the same blocking at every vector width.
             let planned = plan(&problem, target);
             let widths = target.vector_widths().iter().map(|&vector_bytes| Schedule {

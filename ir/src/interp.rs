@@ -251,6 +251,25 @@ impl<T: Element> Machine<'_, T> {
                     self.write(op, *addr, i, lane)?;
                 }
             }
+            Op::StorePieces {
+                addr,
+                src,
+                lanes: n,
+            } => {
+                let n = *n as usize;
+                if n == 0 || n >= self.active_lanes() {
+                    return Err(InterpError::Undefined {
+                        op: format!("{op:?}"),
+                        what: format!("{n} of {} lanes in pieces", self.active_lanes()),
+                    });
+                }
+                let v = self.get(op, *src)?;
+                for (i, &lane) in v.iter().enumerate().take(n) {
+                    self.write(op, *addr, i, lane)?;
+                }
+                // The moves clobber src: a later read of it is a lowering bug.
+                self.vregs[src.0 as usize] = None;
+            }
             Op::StoreStream { addr, src } => {
                 // The caller aligns C to the vector width; so must the store's offset be.
                 let width = self.program.vector_bytes();

@@ -511,7 +511,7 @@ fn group(
     for (v, (&acc, &old)) in regs.acc.iter().zip(&regs.b).enumerate() {
         let c = at(Gpr::C, c_off + v as i64 * vector_bytes)?;
         let old = reads_c.then_some((old, false));
-        finish_vector(out, p.beta, acc, c, mask, old, scalars, None);
+        finish_vector(out, p.beta, acc, c, mask, old, scalars, None, None);
     }
     if g.side == 3 {
         // A masked store of nine lanes blocks the next matrix's loads of C, which overlap
@@ -643,6 +643,7 @@ fn group_3x3_f64(
         reads_c.then_some((b_window, false)),
         scalars,
         None,
+        None,
     );
     let c_8 = at(Gpr::C, c_off, 8)?;
     let old = reads_c.then_some((a_8, false));
@@ -655,6 +656,7 @@ fn group_3x3_f64(
         old,
         scalars,
         Some(16),
+        None,
     );
     Ok(())
 }

@@ -296,6 +296,7 @@ impl Lowering<'_> {
                         | Op::Zero { .. }
                         | Op::Load { .. }
                         | Op::Store { .. }
+                        | Op::StorePieces { .. }
                         | Op::Broadcast { .. }
                         | Op::BroadcastGroup { .. }
                         | Op::Permute { .. }
@@ -985,6 +986,21 @@ impl Lowering<'_> {
             .map(|bytes| bytes as u32)
     }
 
+    /// The lanes of vector `vector` of `rb` when its store of C goes in whole pieces
+    /// (`Op::StorePieces`) instead of through its mask: a masked tail on a target whose
+    /// masked stores are slow ([`Target::tail_stores_in_pieces`]).
+    fn store_pieces(&self, rb: RowBlock, vector: usize) -> Option<u8> {
+        let full = rb.rows / self.lanes;
+        if !rb.tail || vector < full {
+            return None;
+        }
+        let lanes = self.tail_masks[vector - full].1;
+        let bytes = lanes as usize * self.elt as usize;
+        self.target
+            .tail_stores_in_pieces(bytes)
+            .then_some(lanes as u8)
+    }
+
     fn mask_for(&self, rb: RowBlock, vector: usize) -> Option<Mask> {
         let full = rb.rows / self.lanes;
         (rb.tail && vector >= full).then(|| self.tail_masks[vector - full].0)
@@ -1050,11 +1066,12 @@ impl Lowering<'_> {
             }
             for j in 0..cols {
                 for v in 0..rb.vectors {
-                    let store = Op::Store {
-                        addr: at(v, j)?,
-                        src: self.acc(v, j),
-                        mask: self.mask_for(rb, v),
-                    };
+                    let store = store_c(
+                        at(v, j)?,
+                        self.acc(v, j),
+                        self.mask_for(rb, v),
+                        self.store_pieces(rb, v),
+                    );
                     push_at(out, self.narrow_bytes(rb, v), store);
                 }
             }
@@ -1064,8 +1081,9 @@ impl Lowering<'_> {
             for v in 0..rb.vectors {
                 let old = old_at(v, j).map(|t| (t, loads_first));
                 let (at, mask) = (at(v, j)?, self.mask_for(rb, v));
-                let narrow = self.narrow_bytes(rb, v);
-                finish_vector(out, beta, self.acc(v, j), at, mask, old, scalars, narrow);
+                let (narrow, pieces) = (self.narrow_bytes(rb, v), self.store_pieces(rb, v));
+                let acc = self.acc(v, j);
+                finish_vector(out, beta, acc, at, mask, old, scalars, narrow, pieces);
             }
         }
         Ok(())
@@ -1146,9 +1164,26 @@ pub(crate) fn scalar_scratch_bytes(p: &ColMajorProblem) -> u32 {
     }
 }
 
-/// C = alpha * r + beta * C for one vector of C at `at`, then the store. `old` is the
-/// register for C's old value when beta != 0, and whether it was loaded already. With
-/// alpha = -1 the FMAs were negated, so r already holds alpha * A * B.
+/// The store of a finished vector of C (`src` is not read again): through `mask`, or in
+/// whole pieces of `pieces` lanes where the target's masked stores are slow.
+fn store_c(at: Addr, src: VReg, mask: Option<Mask>, pieces: Option<u8>) -> Op {
+    match pieces {
+        Some(lanes) => Op::StorePieces {
+            addr: at,
+            src,
+            lanes,
+        },
+        None => Op::Store {
+            addr: at,
+            src,
+            mask,
+        },
+    }
+}
+
+/// C = alpha * r + beta * C for one vector of C at `at`, then the store (in `pieces`, see
+/// [`store_c`]). `old` is the register for C's old value when beta != 0, and whether it was
+/// loaded already. With alpha = -1 the FMAs were negated, so r already holds alpha * A * B.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn finish_vector(
     out: &mut Vec<Op>,
@@ -1159,6 +1194,7 @@ pub(crate) fn finish_vector(
     old: Option<(VReg, bool)>,
     scalars: EpilogueScalars,
     narrow: Option<u32>,
+    pieces: Option<u8>,
 ) {
     // The tail vector's operations, its moves included, at its narrowed width.
     let narrowed = |out: &mut Vec<Op>, op: Op| push_at(out, narrow, op);
@@ -1232,14 +1268,7 @@ pub(crate) fn finish_vector(
             }
         }
     };
-    narrowed(
-        out,
-        Op::Store {
-            addr: at,
-            src: result,
-            mask,
-        },
-    );
+    narrowed(out, store_c(at, result, mask, pieces));
 }
 
 /// r = alpha * r + beta * C, with C read from `at` into the temporary `t`: unlike
@@ -1350,6 +1379,11 @@ fn shift_vregs(op: Op, shift: u8) -> Op {
         Op::LoadScalar { dst, addr } => Op::LoadScalar { dst: s(dst), addr },
         Op::StoreScalar { addr, src } => Op::StoreScalar { addr, src: s(src) },
         Op::StoreStream { addr, src } => Op::StoreStream { addr, src: s(src) },
+        Op::StorePieces { addr, src, lanes } => Op::StorePieces {
+            addr,
+            src: s(src),
+            lanes,
+        },
         Op::Fma { acc, a, b, negate } => Op::Fma {
             acc: s(acc),
             a: s(a),

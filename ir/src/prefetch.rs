@@ -101,6 +101,7 @@ fn memory_operand(op: &Op) -> Option<Addr> {
     match op {
         Op::Load { addr, .. }
         | Op::Store { addr, .. }
+        | Op::StorePieces { addr, .. }
         | Op::Broadcast { addr, .. }
         | Op::BroadcastGroup { addr, .. }
         | Op::InsertGroup { addr, .. }

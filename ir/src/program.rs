@@ -88,6 +88,13 @@ pub enum Op {
         src: VReg,
         mask: Option<Mask>,
     },
+    /// memory = the first `lanes` lanes of src (fewer than a vector), written by plain
+    /// moves of whole pieces instead of a masked store (x86: 16, 8 and 4 bytes from the
+    /// low 128 bits, after moving the upper 128 bits of a 256-bit src down into its low
+    /// half where lanes reach them). For targets whose masked stores are slow
+    /// ([`crate::Target::masked_stores_slow`]). src is clobbered: its value is undefined
+    /// afterwards.
+    StorePieces { addr: Addr, src: VReg, lanes: u8 },
     /// memory = src, all lanes, bypassing the caches (x86 `vmovntps` / `vmovntpd`): a
     /// whole vector at an address aligned to its width, in C only. Such stores are weakly
     /// ordered; a program that has them ends with a store fence. The kernel's caller must
@@ -280,9 +287,10 @@ impl Program {
                         c.loads += times
                     }
                     Op::Broadcast { .. } | Op::BroadcastGroup { .. } => c.broadcasts += times,
-                    Op::Store { .. } | Op::StoreStream { .. } | Op::StoreScalar { .. } => {
-                        c.stores += times
-                    }
+                    Op::Store { .. }
+                    | Op::StorePieces { .. }
+                    | Op::StoreStream { .. }
+                    | Op::StoreScalar { .. } => c.stores += times,
                     Op::Fma { .. } | Op::FmaLane { .. } => c.fmas += times,
                     Op::FmaBroadcast { .. } => {
                         c.fmas += times;
@@ -485,6 +493,9 @@ impl fmt::Display for Program {
                     }
                     Op::Store { addr, src, mask } => {
                         writeln!(f, "{pad}store {addr}{} = v{}", m(mask), src.0)?
+                    }
+                    Op::StorePieces { addr, src, lanes } => {
+                        writeln!(f, "{pad}store.pieces{lanes} {addr} = v{}", src.0)?
                     }
                     Op::StoreStream { addr, src } => {
                         writeln!(f, "{pad}store.stream {addr} = v{}", src.0)?

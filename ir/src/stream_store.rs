@@ -87,7 +87,9 @@ impl Walk {
                     };
                     self.changed = true;
                 }
-                Op::Store { addr, .. } | Op::StoreScalar { addr, .. }
+                Op::Store { addr, .. }
+                | Op::StorePieces { addr, .. }
+                | Op::StoreScalar { addr, .. }
                     if self.origin.get(&addr.base) != Some(&Gpr::SCRATCH) =>
                 {
                     self.blocked = true;

@@ -89,6 +89,14 @@ impl Jit {
         Ok(Jit::for_target(cpu::require(isa)?))
     }
 
+    /// A JIT for `target` as given rather than as detected (its ISA must run on this CPU):
+    /// the code another CPU of that ISA gets, for tests and for timing a target's choices
+    /// against each other on one machine.
+    pub fn with_target(target: Target) -> Result<Jit, Error> {
+        cpu::require(target.isa)?;
+        Ok(Jit::for_target(target))
+    }
+
     fn for_target(target: Target) -> Jit {
         Jit {
             target,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use smallgemm::{Dtype, GemmSpec, Isa, Jit, Layout, Operand, Scalar, Schedule, Trans};
+use smallgemm::{Dtype, GemmSpec, Isa, Jit, Layout, Operand, Scalar, Schedule, Target, Trans};
 use smallgemm_ir::reference::{padded_spec, rectangular_shapes};
 
 const ALPHAS: [Scalar; 3] = [Scalar::One, Scalar::MinusOne, Scalar::Runtime];
@@ -28,11 +28,29 @@ fn jit(isa: Isa) -> Option<Jit> {
     }
 }
 
+/// A JIT for AVX2 with the masked stores of the other kind of CPU than this one
+/// (`Target::masked_stores_slow`): the tests with `jit(Isa::Avx2)` cover the kernels this
+/// CPU gets, these the tails of C that the other vendor's kernels store (in whole pieces on
+/// AMD, through masks elsewhere).
+fn avx2_other_stores() -> Option<Jit> {
+    let here = jit(Isa::Avx2)?.target();
+    let other = Target {
+        masked_stores_slow: !here.masked_stores_slow,
+        ..here
+    };
+    Some(Jit::with_target(other).expect("AVX2 runs here"))
+}
+
 /// Every square size 1..=32 with every transpose and alpha/beta combination.
 fn squares(isa: Isa, dtype: Dtype) {
     let Some(jit) = jit(isa) else { return };
+    squares_on(&jit, dtype, |_| true);
+}
+
+/// [`squares`] on `jit`, for the sizes `n` that `sizes` keeps.
+fn squares_on(jit: &Jit, dtype: Dtype, sizes: impl Fn(usize) -> bool) {
     let mut seed = 0;
-    for n in 1..=32 {
+    for n in (1..=32).filter(|&n| sizes(n)) {
         for trans in TRANS {
             for alpha in ALPHAS {
                 for beta in BETAS {
@@ -45,8 +63,8 @@ fn squares(isa: Isa, dtype: Dtype) {
                     let spec = padded_spec(dtype, layout, (n, n, n), trans, alpha, beta, seed % 3);
                     let batch = BATCHES[seed % BATCHES.len()];
                     match dtype {
-                        Dtype::F64 => common::check_spec::<f64>(&jit, &spec, batch, seed as u64),
-                        Dtype::F32 => common::check_spec::<f32>(&jit, &spec, batch, seed as u64),
+                        Dtype::F64 => common::check_spec::<f64>(jit, &spec, batch, seed as u64),
+                        Dtype::F32 => common::check_spec::<f32>(jit, &spec, batch, seed as u64),
                         Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
                     }
                 }
@@ -70,6 +88,25 @@ fn squares_avx2_f64() {
 #[test]
 fn squares_avx2_f32() {
     squares(Isa::Avx2, Dtype::F32)
+}
+
+/// The square sizes whose columns end in a tail of C on AVX2 (m not a multiple of the
+/// lanes), with the other kind of masked stores than this CPU's.
+fn squares_avx2_other_stores(dtype: Dtype) {
+    let Some(jit) = avx2_other_stores() else {
+        return;
+    };
+    let lanes = jit.target().lanes(dtype);
+    squares_on(&jit, dtype, |n| n % lanes != 0);
+}
+
+#[test]
+fn squares_avx2_other_stores_f64() {
+    squares_avx2_other_stores(Dtype::F64)
+}
+#[test]
+fn squares_avx2_other_stores_f32() {
+    squares_avx2_other_stores(Dtype::F32)
 }
 
 fn rectangular(isa: Isa, dtype: Dtype) {
@@ -228,6 +265,15 @@ fn prefetching_kernels_avx2() {
 /// hold up the next column's load of C). Every alpha and beta kind, transposes, padding.
 fn wide_tail_blocks(isa: Isa) {
     let Some(jit) = jit(isa) else { return };
+    wide_tail_blocks_on(&jit);
+    if isa == Isa::Avx2 {
+        let other = avx2_other_stores().expect("AVX2 runs here");
+        wide_tail_blocks_on(&other);
+    }
+}
+
+fn wide_tail_blocks_on(jit: &Jit) {
+    let isa = jit.target().isa;
     let wide = |m_vectors, n_cols| Schedule {
         m_vectors,
         n_cols,
@@ -279,7 +325,7 @@ fn wide_tail_blocks(isa: Isa) {
                 i % 3,
             );
             let batch = BATCHES[i % BATCHES.len()];
-            common::check_schedule(&jit, &spec, Some(&s), batch, seed);
+            common::check_schedule(jit, &spec, Some(&s), batch, seed);
         }
     }
 }

@@ -128,3 +128,31 @@ fn avx512_sums_the_dot_tail_across_lanes() {
         generated.program.to_string()
     );
 }
+
+/// AVX2 on AMD (`Target::AVX2_AMD`): masked stores are microcoded there, so the tails of C
+/// leave in whole pieces: f64 7 rows as 4 + 3 (16 bytes, the upper half moved down, 8
+/// bytes), f32 3 rows (one masked vector, not the planner's split) as 8 bytes and lane 2 by
+/// vextractps. The tails' loads keep their masks.
+#[test]
+fn avx2_on_amd_stores_tails_in_pieces() {
+    for (name, wanted) in [
+        ("d_7x6x4_tn_padded", "vextractf128"),
+        ("s_3x3x3_nn_beta1", "vextractps"),
+    ] {
+        let spec = fixed_spec(name);
+        let planned = generate(&spec, Target::AVX2_AMD, None).unwrap().schedule;
+        let masked = smallgemm::Schedule {
+            split_tail: false,
+            ..planned
+        };
+        let generated = generate(&spec, Target::AVX2_AMD, Some(&masked)).unwrap();
+        let text = listing(Isa::Avx2, &generated.code);
+        assert!(text.contains(wanted), "{name}: {text}");
+        let masked_stores = text
+            .lines()
+            .filter(|l| l.contains("vmaskmov") && l.contains("], ymm"))
+            .count();
+        assert_eq!(masked_stores, 0, "{name}: {text}");
+        insta::assert_snapshot!(format!("avx2_amd_{name}"), text);
+    }
+}
