@@ -244,9 +244,22 @@ impl Target {
     /// with FMAs that broadcast B from memory where it used to pick two-vector ones
     /// (measured on Sapphire Rapids, hot, one thread, geomean over MKL JIT: squares 9..32
     /// 0.93x against 0.89x, rectangular shapes 0.96-1.00x against 0.89-0.91x).
+    ///
+    /// AVX2 counts 1.5: the AVX2-only cores (Haswell to Comet Lake, Zen 1 to 3) have two
+    /// load ports, and `vbroadcastsd ymm, m64` is a load into a register of its own
+    /// (AVX2's FMA cannot broadcast from memory). Register-only loops of one step of a
+    /// block on the Zen 3 EPYC here, from L1: blocks of one vector by 8, 12 and 13 columns
+    /// took 5.7, 8.2 and 9.0 cycles a step, 1.55-1.58 loads a cycle, where 2 predicted 4.5,
+    /// 6.5 and 7 (FMA-bound blocks of two vectors by 4 to 6 columns ran within 6% of the
+    /// FMA bound). Counting 3, the planner chose one-vector blocks that ran 0.65-0.85x
+    /// of what it chooses with 2 (hot, one thread, alternated in one process, every square
+    /// 8..32 where the plans differ); counting 1.5 rather than 2 moved f64 7, 13, 19, 25,
+    /// 26 and f32 13 from one-vector blocks to 2x4..4x2 ones: 1.18-1.28x, and no plan that
+    /// changed lost.
     pub fn mixed_loads_per_cycle(self) -> f64 {
         match self.isa {
-            Isa::Avx2 | Isa::Avx512 => 3.0,
+            Isa::Avx2 => 1.5,
+            Isa::Avx512 => 3.0,
             Isa::Neon => 1.0,
         }
     }
