@@ -191,9 +191,14 @@ fn describe(s: &Schedule) -> String {
         );
     }
     format!(
-        "{}x{} block, k {}{}{}{}",
+        "{}x{} block{}, k {}{}{}{}",
         s.m_vectors,
         s.n_cols,
+        if s.b_resident {
+            " (B in registers)"
+        } else {
+            ""
+        },
         if s.k_unroll == 0 {
             "unrolled".to_string()
         } else {
@@ -232,10 +237,11 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
     let problem = spec.col_major();
     let planned = smallgemm_ir::plan(&problem, target);
     let mut space = Vec::new();
-    for (&width, split_tail) in target
+    for (&width, split_tail, b_resident) in target
         .vector_widths()
         .iter()
         .flat_map(|w| [(w, false), (w, true)])
+        .flat_map(|(w, split)| [(w, split, false), (w, split, true)])
     {
         let lanes = width / problem.dtype.size();
         let tail = problem.m % lanes;
@@ -254,6 +260,7 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
                     width
                 };
                 s.split_tail = split_tail;
+                s.b_resident = b_resident;
                 s.lane_pack = false;
                 s.dot_tail = false;
                 s.m_vectors = m_vectors;

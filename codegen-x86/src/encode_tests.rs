@@ -1479,6 +1479,7 @@ fn stray_narrow_prefixes_are_errors() {
         interleave: false,
         lane_pack: false,
         dot_tail: false,
+        b_resident: false,
     };
     let target = Target::AVX512;
     let program = lower(&spec.col_major(), target, &schedule).unwrap();

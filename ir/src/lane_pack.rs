@@ -245,6 +245,7 @@ pub fn plan(problem: &ColMajorProblem, target: Target) -> Option<(f64, Schedule)
             interleave: false,
             lane_pack: true,
             dot_tail: false,
+            b_resident: false,
         };
         let g = geometry(problem, target, &s).ok()?;
         Some((estimated_cycles(problem, target, g), s))

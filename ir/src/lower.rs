@@ -155,7 +155,7 @@ pub fn lower(
             .map(|(i, n)| (Mask(i as u8), n as u32))
             .collect(),
         b_masks: Vec::new(),
-        b_operand: BOperand::of(problem, target, schedule.m_vectors),
+        b_operand: BOperand::of(problem, target, schedule),
         gprs: HashMap::new(),
         next_gpr: Gpr::FIRST_FREE,
         panel_ld: schedule.m_vectors.min(problem.m.div_ceil(lanes)) * lanes,
@@ -830,6 +830,9 @@ impl Lowering<'_> {
         cols: usize,
     ) -> Result<(), LowerError> {
         let negate = self.p.alpha == Scalar::MinusOne;
+        if self.b_operand == BOperand::BroadcastColumns {
+            return self.step_b_resident(out, a, b, rb, cols);
+        }
         let a_regs: Vec<VReg> = (0..rb.vectors).map(|v| self.temp(v)).collect();
         let a_reg = |v: usize| a_regs[v];
         for v in 0..rb.vectors {
@@ -893,6 +896,48 @@ impl Lowering<'_> {
                     };
                     push_at(out, self.narrow_bytes(rb, v), fma);
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// One step of k with op(B) in registers (`Schedule::b_resident`): broadcast the
+    /// step's element of each column into a register of its own, then load the column
+    /// segment of op(A) a vector at a time into one register and FMA it into every column.
+    fn step_b_resident(
+        &mut self,
+        out: &mut Vec<Op>,
+        a: Cursor,
+        b: Cursor,
+        rb: RowBlock,
+        cols: usize,
+    ) -> Result<(), LowerError> {
+        let negate = self.p.alpha == Scalar::MinusOne;
+        let a_reg = self.temp(0);
+        let b_reg = |j: usize| self.temp(1 + j);
+        let b_col = self.b_col_bytes();
+        for j in 0..cols {
+            out.push(Op::Broadcast {
+                dst: b_reg(j),
+                addr: addr(b.plus(j as i64 * b_col))?,
+            });
+        }
+        for v in 0..rb.vectors {
+            let narrow = self.narrow_bytes(rb, v);
+            let load = Op::Load {
+                dst: a_reg,
+                addr: addr(a.plus(self.vector_offset(rb, v)))?,
+                mask: self.mask_for(rb, v),
+            };
+            push_at(out, narrow, load);
+            for j in 0..cols {
+                let fma = Op::Fma {
+                    acc: self.acc(v, j),
+                    a: a_reg,
+                    b: b_reg(j),
+                    negate,
+                };
+                push_at(out, narrow, fma);
             }
         }
         Ok(())

@@ -128,8 +128,19 @@ fn best_block(problem: &ColMajorProblem, target: Target, width: usize) -> Option
     } else {
         width
     };
+    // B held in registers fits taller blocks into AVX2's 16 registers (measured there
+    // only; the same loads, so the estimate ties it with the A-resident block of a shape,
+    // which stays first).
+    let b_layouts: &[bool] = if target.isa == Isa::Avx2 {
+        &[false, true]
+    } else {
+        &[false]
+    };
     let mut best_here: Option<(f64, Schedule)> = None;
-    for &split_tail in splits {
+    for (&b_resident, &split_tail) in b_layouts
+        .iter()
+        .flat_map(|b| splits.iter().map(move |s| (b, s)))
+    {
         for m_vectors in 1..=problem.m.div_ceil(lanes) {
             for n_cols in 1..=problem.n {
                 let s = Schedule {
@@ -144,6 +155,7 @@ fn best_block(problem: &ColMajorProblem, target: Target, width: usize) -> Option
                     prefetch: false,
                     lane_pack: false,
                     dot_tail: false,
+                    b_resident,
                     vector_bytes,
                 };
                 if s.validate(problem, target).is_err() {
@@ -281,7 +293,10 @@ const STREAM_COST_SLACK: f64 = 0.10;
 /// touch A's lines a few apart in each of several passes and B once per pass, which the
 /// hardware prefetchers and the one-trip-ahead prefetches follow less well (measured, f64
 /// 32x32x32 from DRAM, one thread: 0.68-0.82x LIBXSMM with the hot schedule's 1x8 blocks,
-/// 0.97-1.15x with 4x6 ones).
+/// 0.97-1.15x with 4x6 ones). On AVX2 a block as tall as f64 29..32 (8 vectors) fits only
+/// with B in registers ([`Schedule::b_resident`]): before, those sizes streamed with their
+/// hot 2x4 and 2x5 blocks at 0.52-0.69x LIBXSMM (Zen 3, one and two threads); the 8x1
+/// blocks ran 1.28-1.74x faster (alternated in one process, 512 MiB, one thread).
 pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule) -> Schedule {
     let hot = &without_dot_tail(hot);
     let prefetch = prefetch_pays(problem, target);
@@ -303,9 +318,24 @@ pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule)
         prefetch,
         ..*hot
     };
-    let candidates: Vec<(f64, Schedule)> = (1..=problem.n)
-        .map(|n_cols| Schedule { n_cols, ..tall })
-        .take_while(|s| s.validate(problem, target).is_ok())
+    // With AVX2's 16 registers a block as tall as m often fits only with B held in
+    // registers (f64 29..32: 8 vectors by one column).
+    let layouts: &[bool] = if target.isa == Isa::Avx2 {
+        &[false, true]
+    } else {
+        &[hot.b_resident]
+    };
+    let candidates: Vec<(f64, Schedule)> = layouts
+        .iter()
+        .flat_map(|&b_resident| {
+            (1..=problem.n)
+                .map(move |n_cols| Schedule {
+                    n_cols,
+                    b_resident,
+                    ..tall
+                })
+                .take_while(|s| s.validate(problem, target).is_ok())
+        })
         .map(|s| (estimated_cycles(problem, target, &s), s))
         .collect();
     let lowest = candidates.iter().map(|c| c.0).fold(f64::INFINITY, f64::min);
@@ -417,7 +447,7 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
     }
     let lanes = s.lanes(target, problem.dtype);
     let c_reads = (problem.beta != Scalar::Zero) as usize as f64;
-    let b_operand = BOperand::of(problem, target, s.m_vectors);
+    let b_operand = BOperand::of(problem, target, s);
     let mut cycles = 0.0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
         let vectors = s.block_vectors(rows, lanes) as f64;
@@ -428,7 +458,7 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
             let loads = vectors + b_loads;
             // Broadcasts of B elements are narrow loads; vectors of B are full ones.
             let full_loads = match b_operand {
-                BOperand::Memory | BOperand::Broadcast => vectors,
+                BOperand::Memory | BOperand::Broadcast | BOperand::BroadcastColumns => vectors,
                 BOperand::VectorsAlongK | BOperand::VectorsAlongN => loads,
             };
             let step = (fmas / target.fma_per_cycle())
@@ -465,7 +495,7 @@ pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) ->
     } else {
         s.k_unroll + k % s.k_unroll
     };
-    let b_operand = BOperand::of(problem, target, s.m_vectors);
+    let b_operand = BOperand::of(problem, target, s);
     let instances = |count: usize, unroll: bool| if unroll { count } else { count.min(1) };
     let mut ops = 0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
@@ -538,6 +568,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// On AVX2 every square whose matrices reach TALL_MIN_BYTES streams with blocks as tall
+    /// as m: f64 29..32 (8 vectors) only fit with B held in registers, one column wide.
+    #[test]
+    fn avx2_streams_with_blocks_as_tall_as_m() {
+        let mut b_resident = 0;
+        for target in [Target::AVX2, Target::AVX2_AMD] {
+            for dtype in [Dtype::F64, Dtype::F32] {
+                for n in 2..=32 {
+                    let spec = GemmSpec::builder(dtype, n, n, n)
+                        .beta(Scalar::One)
+                        .build()
+                        .unwrap();
+                    let problem = spec.col_major();
+                    let hot = plan(&problem, target);
+                    if hot.lane_pack || matrix_bytes(&problem) < TALL_MIN_BYTES {
+                        continue;
+                    }
+                    let streaming = plan_streaming(&problem, target, &hot);
+                    let lanes = target.lanes(dtype);
+                    assert_eq!(streaming.m_vectors, n.div_ceil(lanes), "{spec:?} {target}");
+                    assert!(streaming.validate(&problem, target).is_ok());
+                    b_resident += streaming.b_resident as usize;
+                }
+            }
+        }
+        assert!(b_resident >= 8, "{b_resident}");
     }
 
     /// Where prefetching does not pay (Zen 4), the streaming variants never prefetch, and a

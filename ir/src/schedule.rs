@@ -62,6 +62,15 @@ pub struct Schedule {
     /// The register blocks cover the other rows.
     #[serde(default)]
     pub dot_tail: bool,
+    /// Hold the block's elements of op(B) for a step of k in registers, one broadcast per
+    /// column, and stream op(A) through a single register a vector at a time (each vector
+    /// FMAed into all of the block's columns), instead of holding the step's A vectors and
+    /// one broadcast: `m_vectors * n_cols + n_cols + 1` registers instead of
+    /// `m_vectors * n_cols + m_vectors + 1`, the same loads. It fits blocks taller than wide
+    /// in AVX2's 16 registers (4x3, 6x2: LIBXSMM's AVX2 layout). Where B is broadcast into
+    /// a register ([`BOperand::Broadcast`]) only.
+    #[serde(default)]
+    pub b_resident: bool,
 }
 
 /// The most matrices one trip of the batch loop may do.
@@ -84,6 +93,8 @@ pub enum ScheduleError {
     LanePack(&'static str),
     #[error("dot-product tail: {0}")]
     DotTail(&'static str),
+    #[error("op(B) in registers needs B broadcast into registers ({0} does not)")]
+    BResident(Target),
     #[error("{target} has no {bytes}-byte vectors")]
     VectorWidth { bytes: usize, target: Target },
     #[error("the schedule needs {needed} vector registers; {target} has {available}")]
@@ -125,6 +136,9 @@ pub enum BOperand {
     Memory,
     /// One broadcast per element into a register, reused by the block's column.
     Broadcast,
+    /// One broadcast per element into a register of its own, all of a step's columns held
+    /// while the step's A vectors pass through one register ([`Schedule::b_resident`]).
+    BroadcastColumns,
     /// FMA by element, op(B)'s columns contiguous (B not transposed): one vector per column
     /// of the block holds `lanes` consecutive steps of k.
     VectorsAlongK,
@@ -134,15 +148,17 @@ pub enum BOperand {
 }
 
 impl BOperand {
-    /// How blocks of `m_vectors` vectors get op(B) on `target`.
-    pub fn of(problem: &ColMajorProblem, target: Target, m_vectors: usize) -> BOperand {
+    /// How the blocks of `s` get op(B) on `target`.
+    pub fn of(problem: &ColMajorProblem, target: Target, s: &Schedule) -> BOperand {
         if target.fma_by_element() {
             match problem.trans_b {
                 Trans::N => BOperand::VectorsAlongK,
                 Trans::T => BOperand::VectorsAlongN,
             }
-        } else if target.fma_broadcast_operand() && m_vectors == 1 {
+        } else if target.fma_broadcast_operand() && s.m_vectors == 1 {
             BOperand::Memory
+        } else if s.b_resident {
+            BOperand::BroadcastColumns
         } else {
             BOperand::Broadcast
         }
@@ -153,6 +169,7 @@ impl BOperand {
         match self {
             BOperand::Memory => 0,
             BOperand::Broadcast => 1,
+            BOperand::BroadcastColumns => cols,
             BOperand::VectorsAlongK => cols,
             BOperand::VectorsAlongN => cols.div_ceil(lanes),
         }
@@ -162,7 +179,7 @@ impl BOperand {
     /// `lanes` steps along k); embedded broadcasts count as loads.
     pub fn loads_per_step(self, cols: usize, lanes: usize) -> f64 {
         match self {
-            BOperand::Memory | BOperand::Broadcast => cols as f64,
+            BOperand::Memory | BOperand::Broadcast | BOperand::BroadcastColumns => cols as f64,
             BOperand::VectorsAlongK => cols as f64 / lanes as f64,
             BOperand::VectorsAlongN => cols.div_ceil(lanes) as f64,
         }
@@ -226,10 +243,16 @@ impl Schedule {
     pub fn registers(&self, problem: &ColMajorProblem, target: Target) -> RegisterUse {
         let lanes = self.lanes(target, problem.dtype);
         let vectors = self.max_block_vectors(problem, lanes);
+        let b_operand = BOperand::of(problem, target, self);
         RegisterUse {
             accumulators: vectors * self.n_cols,
-            a_vectors: vectors,
-            broadcast: BOperand::of(problem, target, self.m_vectors).registers(self.n_cols, lanes),
+            // With B in registers the step's A vectors pass through one.
+            a_vectors: if b_operand == BOperand::BroadcastColumns {
+                1
+            } else {
+                vectors
+            },
+            broadcast: b_operand.registers(self.n_cols, lanes),
             epilogue: epilogue_temporaries(problem.alpha, problem.beta),
             masks: match target.masks() {
                 // Tails that plain moves handle need no mask register.
@@ -252,6 +275,9 @@ impl Schedule {
         }
         if self.split_tail && target.masks() == MaskSupport::PartialAccess {
             return Err(ScheduleError::SplitTail(target));
+        }
+        if self.b_resident && BOperand::of(problem, target, self) != BOperand::BroadcastColumns {
+            return Err(ScheduleError::BResident(target));
         }
         self.validate_common(target)?;
         registers_fit(self.registers(problem, target).total(), target)

@@ -117,6 +117,58 @@ fn planned_schedules_compute_the_reference() {
 }
 
 #[test]
+fn b_resident_blocks_compute_the_reference() {
+    // op(B) in registers, A through one register (`Schedule::b_resident`): blocks taller
+    // than AVX2's A-resident ones fit, looped and unrolled, with split and masked tails,
+    // several matrices a trip, every transpose and scalar kind.
+    let block = |m_vectors, n_cols, k_unroll, unrolled, batch_unroll, split_tail| Schedule {
+        m_vectors,
+        n_cols,
+        k_unroll,
+        unroll_m_blocks: unrolled,
+        unroll_n_blocks: unrolled,
+        vector_bytes: 0,
+        batch_unroll,
+        prefetch: batch_unroll == 0,
+        split_tail,
+        interleave: batch_unroll > 1,
+        lane_pack: false,
+        dot_tail: false,
+        b_resident: true,
+    };
+    let (mut seed, mut ran) = (5000, 0);
+    for (m, n, k) in [(37, 23, 19), (16, 16, 16), (7, 5, 9), (25, 3, 4)] {
+        for target in [Target::AVX2, Target::AVX2_AMD, Target::AVX512] {
+            for s in [
+                block(4, 3, 4, false, 0, false),
+                block(6, 2, 0, true, 2, false),
+                block(3, 3, 3, false, 0, true),
+            ] {
+                // A 4x3 block has no register left for AVX2's tail mask.
+                let fits = |spec: &GemmSpec| s.validate(&spec.col_major(), target).is_ok();
+                for spec in specs(Dtype::F64, m, n, k).into_iter().filter(fits) {
+                    seed += 1;
+                    run_case::<f64>(&spec, target, Some(&s), seed);
+                    ran += 1;
+                }
+                for spec in specs(Dtype::F32, m, n, k).into_iter().filter(fits) {
+                    seed += 1;
+                    run_case::<f32>(&spec, target, Some(&s), seed);
+                    ran += 1;
+                }
+            }
+        }
+    }
+    assert!(ran >= 500, "{ran}");
+    // Where B is not broadcast into a register it cannot be held there.
+    let spec = GemmSpec::builder(Dtype::F64, 8, 8, 8).build().unwrap();
+    let one_vector = block(1, 4, 0, true, 0, false);
+    for target in [Target::AVX512, Target::NEON] {
+        assert!(one_vector.validate(&spec.col_major(), target).is_err());
+    }
+}
+
+#[test]
 fn looped_schedules_compute_the_reference() {
     let mut seed = 1000;
     for (m, n, k) in [(37, 23, 19), (20, 9, 11), (8, 8, 9), (5, 13, 33)] {
@@ -140,6 +192,7 @@ fn looped_schedules_compute_the_reference() {
                     interleave: false,
                     lane_pack: false,
                     dot_tail: false,
+                    b_resident: false,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -154,6 +207,7 @@ fn looped_schedules_compute_the_reference() {
                     interleave: true,
                     lane_pack: false,
                     dot_tail: false,
+                    b_resident: false,
                 },
                 Schedule {
                     m_vectors: 1,
@@ -168,6 +222,7 @@ fn looped_schedules_compute_the_reference() {
                     interleave: true,
                     lane_pack: false,
                     dot_tail: false,
+                    b_resident: false,
                 },
                 Schedule {
                     m_vectors: 2,
@@ -182,6 +237,7 @@ fn looped_schedules_compute_the_reference() {
                     interleave: false,
                     lane_pack: false,
                     dot_tail: false,
+                    b_resident: false,
                 },
             ] {
                 for spec in specs(Dtype::F64, m, n, k) {
@@ -403,6 +459,7 @@ fn dot_product_tails_compute_the_reference() {
                         interleave: true,
                         lane_pack: false,
                         dot_tail: true,
+                        b_resident: false,
                     },
                 ] {
                     for spec in specs(dtype, m, n, k) {

@@ -287,6 +287,7 @@ fn wide_tail_blocks_on(jit: &Jit) {
         interleave: false,
         lane_pack: false,
         dot_tail: false,
+        b_resident: false,
     };
     // (dtype, m, n, k, schedule): m leaves a tail of more and of less than half a vector.
     let cases = match isa {
@@ -337,6 +338,58 @@ fn wide_tail_blocks_avx512() {
 #[test]
 fn wide_tail_blocks_avx2() {
     wide_tail_blocks(Isa::Avx2)
+}
+
+/// Blocks with op(B) in registers and A through one register (`Schedule::b_resident`),
+/// taller than AVX2's A-resident blocks can be: every square size and a third of the
+/// rectangular shapes, looped and unrolled, one and several matrices a trip, with all
+/// transposes, scalar kinds, padding and gaps, on both AVX2 targets.
+#[test]
+fn b_resident_blocks_avx2() {
+    let Some(jit) = jit(Isa::Avx2) else { return };
+    let other = avx2_other_stores().expect("AVX2 runs here");
+    let block = |m_vectors, n_cols, k_unroll, batch_unroll| Schedule {
+        m_vectors,
+        n_cols,
+        k_unroll,
+        unroll_m_blocks: k_unroll == 0,
+        unroll_n_blocks: k_unroll == 0,
+        vector_bytes: 0,
+        batch_unroll,
+        prefetch: false,
+        split_tail: false,
+        interleave: false,
+        lane_pack: false,
+        dot_tail: false,
+        b_resident: true,
+    };
+    let blocks = [
+        block(4, 3, 4, 0),
+        block(6, 2, 0, 0),
+        block(5, 2, 2, 2),
+        block(3, 3, 0, 3),
+    ];
+    let shapes = (1..=32)
+        .map(|n| (n, n, n))
+        .chain(rectangular_shapes().into_iter().step_by(3));
+    let (mut seed, mut ran) = (160_000, 0);
+    for (i, shape) in shapes.enumerate() {
+        let (trans, alpha, beta) = (TRANS[i % 4], ALPHAS[i % 3], BETAS[(i / 3) % 3]);
+        let batch = BATCHES[i % BATCHES.len()];
+        for dtype in [Dtype::F64, Dtype::F32] {
+            seed += 1;
+            let spec = padded_spec(dtype, Layout::ColMajor, shape, trans, alpha, beta, i % 3);
+            let s = blocks[(i + dtype.size()) % blocks.len()];
+            // A 4x3 or 6x2 block leaves no register for a tail mask or run-time scalars.
+            if s.validate(&spec.col_major(), jit.target()).is_err() {
+                continue;
+            }
+            let jit = if i % 2 == 0 { &jit } else { &other };
+            common::check_schedule(jit, &spec, Some(&s), batch, seed);
+            ran += 1;
+        }
+    }
+    assert!(ran >= 100, "{ran}");
 }
 
 /// Dot-product tails (`Schedule::dot_tail`, AVX-512): C's last row as dot products summed
@@ -391,6 +444,7 @@ fn dot_product_tails_avx512() {
                 interleave: false,
                 lane_pack: false,
                 dot_tail: true,
+                b_resident: false,
             };
             let planned = Schedule {
                 dot_tail: true,
