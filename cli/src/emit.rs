@@ -71,11 +71,12 @@ pub struct EmitArgs {
     /// their own). With --isa avx512 only.
     #[arg(long)]
     halves_512: bool,
-    /// Generate for AMD's AVX2 cores (Zen 1 to 3), as the JIT detects them
-    /// (`Target::AVX2_AMD`): their masked stores are slow, so tails of C are stored in whole
-    /// pieces instead of by `vmaskmov`. With --isa avx2 only.
+    /// Generate for AMD's cores as the JIT detects them: with --isa avx2
+    /// `Target::AVX2_AMD` (masked stores and cross-lane permutes are slow there: tails of C
+    /// are stored in whole pieces, f64 is not lane-packed), with --isa avx512 Zen 4's target
+    /// (as --halves-512).
     #[arg(long)]
-    slow_masked_stores: bool,
+    amd: bool,
     #[arg(long, value_enum, default_value = "asm")]
     format: Format,
     /// Object format and calling convention for --format obj (default: x86_64-linux).
@@ -160,18 +161,12 @@ pub fn emit(args: &EmitArgs) -> Result<ExitCode, String> {
             return Err(format!("--isa {} cannot run on --target {t}", args.isa));
         }
     }
-    if args.halves_512 && args.isa != Isa::Avx512 {
-        return Err("--halves-512 applies to --isa avx512 only".into());
-    }
-    if args.slow_masked_stores && args.isa != Isa::Avx2 {
-        return Err("--slow-masked-stores applies to --isa avx2 only".into());
-    }
-    let target = if args.halves_512 {
-        Target::AVX512_HALVES
-    } else if args.slow_masked_stores {
-        Target::AVX2_AMD
-    } else {
-        Target::new(args.isa)
+    let target = match (args.isa, args.halves_512, args.amd) {
+        (_, false, false) => Target::new(args.isa),
+        (Isa::Avx512, ..) => Target::AVX512_HALVES,
+        (Isa::Avx2, false, true) => Target::AVX2_AMD,
+        (_, true, _) => return Err("--halves-512 applies to --isa avx512 only".into()),
+        (isa, ..) => return Err(format!("--amd applies to --isa avx2 and avx512, not {isa}")),
     };
     let abi = match object_target {
         Some(t) if t.is_windows() => Abi::Windows,

@@ -138,6 +138,12 @@ pub fn geometry(
     if lanes < 4 {
         return Err(refuse("vectors of at least four lanes"));
     }
+    if p.dtype == Dtype::F64 && lanes == 4 && target.cross_lane_permutes_slow {
+        // A group of four f64 lanes is a whole 256-bit vector: its permutes cross lanes.
+        return Err(refuse(
+            "f64 in 256-bit vectors: cross-lane permutes are slow here",
+        ));
+    }
     if side == 3 && (target.isa != Isa::Avx512 || lanes * p.dtype.size() != 64) {
         return Err(refuse("3x3x3 in 512-bit vectors only (full permutes)"));
     }

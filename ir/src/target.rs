@@ -84,6 +84,14 @@ pub struct Target {
     /// ([`Target::tail_stores_in_pieces`]). AVX-512's opmask stores are not affected.
     #[serde(default)]
     pub masked_stores_slow: bool,
+    /// Permutes across 128-bit lanes (`vpermpd ymm`) are slow: two micro-ops on AMD's Zen
+    /// 1 to 3 (measured on Zen 3: 1.25 cycles a permute, 6.4 cycles of latency, against 0.5
+    /// for the in-lane `vpermilps`; Intel's cores take one, 3 cycles). Lane-packed f64
+    /// kernels in 256-bit vectors, whose groups of four lanes span both halves, are then not
+    /// planned: the register blocks ran 1.1-1.3x (2x2x2) and 1.3x (4x4x4) to 2.0x (4x4x32)
+    /// faster there (hot, one thread, alternated in one process).
+    #[serde(default)]
+    pub cross_lane_permutes_slow: bool,
 }
 
 fn prefetching_pays_by_default() -> bool {
@@ -101,14 +109,16 @@ impl Target {
         halves_512: true,
         software_prefetch: false,
         masked_stores_slow: false,
+        cross_lane_permutes_slow: false,
     };
-    /// AVX2 on AMD (Zen 1 to 3): slow masked stores, and prefetching the next matrices does
-    /// not pay.
+    /// AVX2 on AMD (Zen 1 to 3): slow masked stores and cross-lane permutes, and
+    /// prefetching the next matrices does not pay.
     pub const AVX2_AMD: Target = Target {
         isa: Isa::Avx2,
         halves_512: false,
         software_prefetch: false,
         masked_stores_slow: true,
+        cross_lane_permutes_slow: true,
     };
 
     pub const fn new(isa: Isa) -> Target {
@@ -117,6 +127,7 @@ impl Target {
             halves_512: false,
             software_prefetch: true,
             masked_stores_slow: false,
+            cross_lane_permutes_slow: false,
         }
     }
 
@@ -272,6 +283,7 @@ impl std::fmt::Display for Target {
             (self.halves_512, "512-bit halves"),
             (!self.software_prefetch, "no software prefetch"),
             (self.masked_stores_slow, "slow masked stores"),
+            (self.cross_lane_permutes_slow, "slow cross-lane permutes"),
         ]
         .into_iter()
         .filter_map(|(on, note)| on.then_some(note))

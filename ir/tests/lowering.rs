@@ -299,6 +299,27 @@ fn count_ops(ops: &[Op], counts: &dyn Fn(Option<u32>, &Op) -> bool) -> usize {
 }
 
 #[test]
+fn f64_is_not_lane_packed_in_256_bits_where_cross_lane_permutes_are_slow() {
+    // A group of four f64 lanes is a whole ymm, its permutes cross 128-bit lanes (vpermpd):
+    // on AMD's AVX2 target the register blocks take 2x2x2 and 4x4xk, elsewhere lane packing.
+    for (m, k) in [(2, 2), (4, 4), (4, 8), (4, 32)] {
+        for dtype in [Dtype::F64, Dtype::F32] {
+            let spec = GemmSpec::builder(dtype, m, m, k).build().unwrap();
+            let problem = spec.col_major();
+            let packed = |target| smallgemm_ir::lane_pack::plan(&problem, target).is_some();
+            assert!(packed(Target::AVX2), "{}", spec.name());
+            assert_eq!(
+                packed(Target::AVX2_AMD),
+                dtype == Dtype::F32,
+                "{}",
+                spec.name()
+            );
+            assert!(packed(Target::AVX512), "{}", spec.name());
+        }
+    }
+}
+
+#[test]
 fn tails_go_in_pieces_only_where_masked_stores_are_slow() {
     // AVX2's masked stores are microcoded on AMD (a ymm one took 15 TSC cycles on Zen 3):
     // there every masked tail of C is stored in whole pieces, elsewhere through its mask.

@@ -28,14 +28,15 @@ fn jit(isa: Isa) -> Option<Jit> {
     }
 }
 
-/// A JIT for AVX2 with the masked stores of the other kind of CPU than this one
-/// (`Target::masked_stores_slow`): the tests with `jit(Isa::Avx2)` cover the kernels this
-/// CPU gets, these the tails of C that the other vendor's kernels store (in whole pieces on
-/// AMD, through masks elsewhere).
+/// A JIT for AVX2 as the other vendor's CPUs get it (`Target::masked_stores_slow`,
+/// `Target::cross_lane_permutes_slow`): the tests with `jit(Isa::Avx2)` cover the kernels
+/// this CPU gets, these the other vendor's tails of C (in whole pieces on AMD, through masks
+/// elsewhere) and its lane-packed f64 kernels (Intel only).
 fn avx2_other_stores() -> Option<Jit> {
     let here = jit(Isa::Avx2)?.target();
     let other = Target {
         masked_stores_slow: !here.masked_stores_slow,
+        cross_lane_permutes_slow: !here.cross_lane_permutes_slow,
         ..here
     };
     Some(Jit::with_target(other).expect("AVX2 runs here"))
@@ -468,6 +469,13 @@ fn dot_product_tails_avx512() {
 /// stray writes) wherever one vector holds at most one matrix.
 fn lane_packed(isa: Isa) {
     let Some(jit) = jit(isa) else { return };
+    // AMD's AVX2 target packs no f64 (its cross-lane permutes are slow): the kernels it
+    // would refuse run on the same ISA without that property.
+    let jit = Jit::with_target(Target {
+        cross_lane_permutes_slow: false,
+        ..jit.target()
+    })
+    .expect("the ISA runs here");
     let target = jit.target();
     let scalars = [
         (Scalar::One, Scalar::Zero),
