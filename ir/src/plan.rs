@@ -461,10 +461,15 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
                 BOperand::Memory | BOperand::Broadcast | BOperand::BroadcastColumns => vectors,
                 BOperand::VectorsAlongK | BOperand::VectorsAlongN => loads,
             };
-            let step = (fmas / target.fma_per_cycle())
-                .max(loads / target.mixed_loads_per_cycle())
-                .max(full_loads / target.loads_per_cycle())
-                .max(if fmas > 0.0 { FMA_LATENCY } else { 0.0 });
+            let (fma_cycles, load_cycles) = (
+                fmas / target.fma_per_cycle(),
+                (loads / target.mixed_loads_per_cycle()).max(full_loads / target.loads_per_cycle()),
+            );
+            let throughput = match target.saturation_exponent() {
+                Some(p) => (fma_cycles.powf(p) + load_cycles.powf(p)).powf(1.0 / p),
+                _ => fma_cycles.max(load_cycles),
+            };
+            let step = throughput.max(if fmas > 0.0 { FMA_LATENCY } else { 0.0 });
             let epilogue = fmas * (1.0 + c_reads);
             cycles += (row_count * col_count) as f64 * (problem.k as f64 * step + epilogue);
         }
