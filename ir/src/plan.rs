@@ -162,6 +162,14 @@ fn best_block(problem: &ColMajorProblem, target: Target, width: usize) -> Option
                     // Wider blocks only need more registers.
                     break;
                 }
+                let a_resident = Schedule {
+                    b_resident: false,
+                    ..s
+                };
+                if b_resident && a_resident.validate(problem, target).is_ok() {
+                    // The same loads and FMAs as the A-resident block, which comes first.
+                    continue;
+                }
                 let cost = estimated_cycles(problem, target, &s);
                 // Ties keep the first (smaller) block: measured against the block that
                 // loads A and B least, then the larger one, at 9..32 (f64 1.03x vs 0.95x
@@ -465,9 +473,9 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
                 fmas / target.fma_per_cycle(),
                 (loads / target.mixed_loads_per_cycle()).max(full_loads / target.loads_per_cycle()),
             );
-            let throughput = match target.saturation_exponent() {
-                Some(p) => (fma_cycles.powf(p) + load_cycles.powf(p)).powf(1.0 / p),
-                _ => fma_cycles.max(load_cycles),
+            let throughput = match target.saturation_norm() {
+                Some(squarings) => power_norm(fma_cycles, load_cycles, squarings),
+                None => fma_cycles.max(load_cycles),
             };
             let step = throughput.max(if fmas > 0.0 { FMA_LATENCY } else { 0.0 });
             let epilogue = fmas * (1.0 + c_reads);
@@ -481,6 +489,25 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
         cycles += MASKED_STORE_STALL;
     }
     cycles
+}
+
+/// The p-norm of (a, b) for p = 2^squarings: squarings and square roots only (`powf` made
+/// planning take twice as long).
+fn power_norm(a: f64, b: f64, squarings: u32) -> f64 {
+    let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
+    if hi <= 0.0 {
+        return 0.0;
+    }
+    let ratio = lo / hi;
+    let mut power = ratio;
+    for _ in 0..squarings {
+        power *= power;
+    }
+    let mut root = 1.0 + power;
+    for _ in 0..squarings {
+        root = root.sqrt();
+    }
+    hi * root
 }
 
 /// Cycles a matrix loses when its C has a masked tail and is read: the load of the next

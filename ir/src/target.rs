@@ -233,19 +233,19 @@ impl Target {
     }
 
     /// How a step of a register block that keeps both the FMA pipes and the load ports busy
-    /// is costed: None, by the busier of the two; Some(p), by their p-norm, which adds up to
-    /// 2^(1/p) - 1 where both are saturated at once.
+    /// is costed: None, by the busier of the two; Some(s), by their p-norm with p = 2^s,
+    /// which adds up to 2^(1/p) - 1 where both are saturated at once.
     ///
-    /// AVX2: 8. Register-only loops of one block step from L1 on the Zen 3 EPYC here (cycles
+    /// AVX2: Some(3), the 8-norm. Register-only loops of one block step from L1 on the Zen 3 EPYC here (cycles
     /// a step against the norm): 2x4 4.26 (4.36), 2x5 5.16 (5.30), 2x6 6.21 (6.25), 5x2
     /// 5.24 (5.30), 1x8 5.73 (6.03); the hard max said 4, 5, 6, 5, 6. It breaks the ties of
     /// the hard max toward blocks with fewer loads a FMA: planned against the hard max's
     /// plans, hot, one thread, alternated in one process, where they differ: f64 12 1.06x,
     /// 13 1.06x, 24 1.05x, 30 1.10x, 32 1.11x, f32 24..27 and 29..32 1.01-1.06x; f32 12,
     /// 16 and 28 0.94-0.96x; the rest within 2%.
-    pub fn saturation_exponent(self) -> Option<f64> {
+    pub fn saturation_norm(self) -> Option<u32> {
         match self.isa {
-            Isa::Avx2 => Some(8.0),
+            Isa::Avx2 => Some(3),
             Isa::Avx512 | Isa::Neon => None,
         }
     }
