@@ -290,6 +290,12 @@ fn streaming_block(problem: &ColMajorProblem, target: Target) -> Option<Schedule
 /// N = 8..14; with AVX2's 16 registers the narrow blocks the estimate picks ran as fast.
 const STREAM_COLS: usize = 6;
 
+/// The fewest columns of AVX2's streaming blocks: one column as tall as f64 29..32 (8
+/// vectors, B in registers) loads 9 vectors a step for 8 FMAs. The tallest blocks two columns
+/// wide (6x2, B in registers) streamed faster from 512 MiB, one thread, alternated in one
+/// process: f64 25 1.10x, 27 1.04x, 28 1.04x, 29 1.19x, 31 1.13x, 32 1.13x, 30 even.
+const STREAM_MIN_COLS_AVX2: usize = 2;
+
 /// How far above the lowest estimate a streaming block may be to be preferred for its width.
 const STREAM_COST_SLACK: f64 = 0.10;
 
@@ -301,10 +307,12 @@ const STREAM_COST_SLACK: f64 = 0.10;
 /// touch A's lines a few apart in each of several passes and B once per pass, which the
 /// hardware prefetchers and the one-trip-ahead prefetches follow less well (measured, f64
 /// 32x32x32 from DRAM, one thread: 0.68-0.82x LIBXSMM with the hot schedule's 1x8 blocks,
-/// 0.97-1.15x with 4x6 ones). On AVX2 a block as tall as f64 29..32 (8 vectors) fits only
-/// with B in registers ([`Schedule::b_resident`]): before, those sizes streamed with their
-/// hot 2x4 and 2x5 blocks at 0.52-0.69x LIBXSMM (Zen 3, one and two threads); the 8x1
-/// blocks ran 1.28-1.74x faster (alternated in one process, 512 MiB, one thread).
+/// 0.97-1.15x with 4x6 ones). On AVX2's 16 registers the blocks are the tallest that are
+/// two columns wide ([`STREAM_MIN_COLS_AVX2`]), with B in registers where that fits a taller
+/// one ([`Schedule::b_resident`]): f64 25..32 stream 6x2 blocks. Before, f64 29..32 found no
+/// tall block at all and streamed with their hot 2x4 and 2x5 blocks at 0.52-0.69x LIBXSMM
+/// (Zen 3, one and two threads); 8x1 blocks ran 1.28-1.74x faster than those, 6x2 ones
+/// faster still (alternated in one process, 512 MiB, one thread).
 pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule) -> Schedule {
     let hot = &without_dot_tail(hot);
     let prefetch = prefetch_pays(problem, target);
@@ -327,11 +335,32 @@ pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule)
         ..*hot
     };
     // With AVX2's 16 registers a block as tall as m often fits only with B held in
-    // registers (f64 29..32: 8 vectors by one column).
+    // registers, and f64 25..32 (7 or 8 vectors) only one column wide, where a step's
+    // loads outnumber its FMAs: there the tallest block two columns wide streams faster.
     let layouts: &[bool] = if target.isa == Isa::Avx2 {
         &[false, true]
     } else {
         &[hot.b_resident]
+    };
+    let (tall, min_cols) = if target.isa == Isa::Avx2 {
+        let fits = |m_vectors| {
+            layouts.iter().any(|&b_resident| {
+                let s = Schedule {
+                    m_vectors,
+                    n_cols: STREAM_MIN_COLS_AVX2,
+                    b_resident,
+                    ..tall
+                };
+                s.validate(problem, target).is_ok()
+            })
+        };
+        let m_vectors = (1..=tall.m_vectors).rev().find(|&v| fits(v)).unwrap_or(1);
+        (
+            Schedule { m_vectors, ..tall },
+            STREAM_MIN_COLS_AVX2.min(problem.n),
+        )
+    } else {
+        (tall, 1)
     };
     let candidates: Vec<(f64, Schedule)> = layouts
         .iter()
@@ -342,6 +371,7 @@ pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule)
                     b_resident,
                     ..tall
                 })
+                .skip(min_cols - 1)
                 .take_while(|s| s.validate(problem, target).is_ok())
         })
         .map(|s| (estimated_cycles(problem, target, &s), s))
@@ -602,10 +632,11 @@ mod tests {
         }
     }
 
-    /// On AVX2 every square whose matrices reach TALL_MIN_BYTES streams with blocks as tall
-    /// as m: f64 29..32 (8 vectors) only fit with B held in registers, one column wide.
+    /// On AVX2 every square whose matrices reach TALL_MIN_BYTES streams with the tallest
+    /// block two columns wide: as tall as m up to f64 24 and f32 32, 6 vectors with B held
+    /// in registers for f64 25..32.
     #[test]
-    fn avx2_streams_with_blocks_as_tall_as_m() {
+    fn avx2_streams_with_the_tallest_blocks_two_columns_wide() {
         let mut b_resident = 0;
         for target in [Target::AVX2, Target::AVX2_AMD] {
             for dtype in [Dtype::F64, Dtype::F32] {
@@ -621,13 +652,15 @@ mod tests {
                     }
                     let streaming = plan_streaming(&problem, target, &hot);
                     let lanes = target.lanes(dtype);
-                    assert_eq!(streaming.m_vectors, n.div_ceil(lanes), "{spec:?} {target}");
+                    let tallest = n.div_ceil(lanes).min(6);
+                    assert_eq!(streaming.m_vectors, tallest, "{spec:?} {target}");
+                    assert!(streaming.n_cols >= 2, "{spec:?} {target}");
                     assert!(streaming.validate(&problem, target).is_ok());
                     b_resident += streaming.b_resident as usize;
                 }
             }
         }
-        assert!(b_resident >= 8, "{b_resident}");
+        assert!(b_resident >= 4, "{b_resident}");
     }
 
     /// Where prefetching does not pay (Zen 4), the streaming variants never prefetch, and a
