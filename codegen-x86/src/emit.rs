@@ -261,10 +261,7 @@ pub(crate) fn piece_addr(addr: Addr, offset: i32) -> Result<Addr, EmitError> {
     let offset = addr
         .offset
         .checked_add(offset)
-        .ok_or(EmitError::Encoder(format!(
-            "offset {} + {offset}",
-            addr.offset
-        )))?;
+        .ok_or_else(|| EmitError::Encoder(format!("offset {} + {offset}", addr.offset)))?;
     Ok(Addr { offset, ..addr })
 }
 
