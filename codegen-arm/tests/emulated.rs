@@ -7,19 +7,8 @@
 mod common;
 
 use common::check_spec;
-use smallgemm_ir::reference::{padded_spec, rectangular_shapes};
+use smallgemm_ir::reference::{padded_spec, rectangular_cases, square_cases, MATRIX_TRANS};
 use smallgemm_ir::{Dtype, GemmSpec, Layout, Scalar, Trans};
-
-const ALPHAS: [Scalar; 3] = [Scalar::One, Scalar::MinusOne, Scalar::Runtime];
-const BETAS: [Scalar; 3] = [Scalar::Zero, Scalar::One, Scalar::Runtime];
-const TRANS: [(Trans, Trans); 4] = [
-    (Trans::N, Trans::N),
-    (Trans::N, Trans::T),
-    (Trans::T, Trans::N),
-    (Trans::T, Trans::T),
-];
-/// Batch lengths that are not multiples of any chunk size.
-const BATCHES: [usize; 4] = [1, 3, 7, 13];
 
 fn check(dtype: Dtype, spec: &GemmSpec, batch: usize, seed: u64) {
     match dtype {
@@ -30,22 +19,8 @@ fn check(dtype: Dtype, spec: &GemmSpec, batch: usize, seed: u64) {
 
 /// Every square size 1..=32 with every transpose and alpha/beta combination.
 fn squares(dtype: Dtype) {
-    let mut seed = 0;
-    for n in 1..=32 {
-        for trans in TRANS {
-            for alpha in ALPHAS {
-                for beta in BETAS {
-                    seed += 1;
-                    let layout = if seed % 5 == 0 {
-                        Layout::RowMajor
-                    } else {
-                        Layout::ColMajor
-                    };
-                    let spec = padded_spec(dtype, layout, (n, n, n), trans, alpha, beta, seed % 3);
-                    check(dtype, &spec, BATCHES[seed % BATCHES.len()], seed as u64);
-                }
-            }
-        }
+    for case in square_cases(dtype) {
+        check(dtype, &case.spec, case.batch, case.seed);
     }
 }
 
@@ -60,21 +35,8 @@ fn squares_f32() {
 }
 
 fn rectangular(dtype: Dtype) {
-    let mut seed = 10_000;
-    for (i, shape) in rectangular_shapes().into_iter().enumerate() {
-        for (t, trans) in TRANS.into_iter().enumerate() {
-            seed += 1;
-            // Cycle through the 9 alpha/beta combinations and both layouts.
-            let combo = (i + t) % 9;
-            let (alpha, beta) = (ALPHAS[combo / 3], BETAS[combo % 3]);
-            let layout = if (i + t) % 4 == 1 {
-                Layout::RowMajor
-            } else {
-                Layout::ColMajor
-            };
-            let spec = padded_spec(dtype, layout, shape, trans, alpha, beta, i % 3);
-            check(dtype, &spec, BATCHES[(i + t) % BATCHES.len()], seed);
-        }
+    for case in rectangular_cases(dtype) {
+        check(dtype, &case.spec, case.batch, case.seed);
     }
 }
 
@@ -102,7 +64,7 @@ fn other_scalar_kinds() {
     let mut seed = 50_000;
     for (alpha, beta) in others {
         for shape in [(1, 1, 1), (9, 4, 3), (17, 17, 17), (33, 5, 8)] {
-            for trans in TRANS {
+            for trans in MATRIX_TRANS {
                 seed += 1;
                 let spec = padded_spec(Dtype::F64, Layout::ColMajor, shape, trans, alpha, beta, 1);
                 check_spec::<f64>(&spec, 3, seed);

@@ -13,19 +13,12 @@ mod emu;
 
 use common::{merge, Case, Coverage};
 use smallgemm_codegen_x86::CallConv;
-use smallgemm_ir::reference::{padded_spec, rectangular_shapes};
+use smallgemm_ir::reference::{
+    padded_spec, rectangular_cases, rectangular_shapes, square_cases, MATRIX_ALPHAS,
+    MATRIX_BATCHES, MATRIX_BETAS, MATRIX_TRANS,
+};
 use smallgemm_ir::{Dtype, GemmSpec, Layout, Scalar, Schedule, Target, Trans};
 
-const ALPHAS: [Scalar; 3] = [Scalar::One, Scalar::MinusOne, Scalar::Runtime];
-const BETAS: [Scalar; 3] = [Scalar::Zero, Scalar::One, Scalar::Runtime];
-const TRANS: [(Trans, Trans); 4] = [
-    (Trans::N, Trans::N),
-    (Trans::N, Trans::T),
-    (Trans::T, Trans::N),
-    (Trans::T, Trans::T),
-];
-/// Batch lengths that are not multiples of any chunk size.
-const BATCHES: [usize; 4] = [1, 3, 7, 13];
 const TARGETS: [Target; 2] = [Target::AVX512, Target::AVX512_HALVES];
 
 /// Runs cases on both AVX-512 targets, counting the kernels and the instruction forms.
@@ -88,22 +81,8 @@ impl Runner {
 /// Every square size 1..=32 with every transpose and alpha/beta combination.
 fn squares(dtype: Dtype) -> Runner {
     let mut runner = Runner::default();
-    let mut seed = 0;
-    for n in 1..=32 {
-        for trans in TRANS {
-            for alpha in ALPHAS {
-                for beta in BETAS {
-                    seed += 1;
-                    let layout = if seed % 5 == 0 {
-                        Layout::RowMajor
-                    } else {
-                        Layout::ColMajor
-                    };
-                    let spec = padded_spec(dtype, layout, (n, n, n), trans, alpha, beta, seed % 3);
-                    runner.planned(spec, BATCHES[seed % BATCHES.len()], seed as u64);
-                }
-            }
-        }
+    for case in square_cases(dtype) {
+        runner.planned(case.spec, case.batch, case.seed);
     }
     runner
 }
@@ -137,21 +116,8 @@ fn squares_f32() {
 
 fn rectangular(dtype: Dtype) -> Runner {
     let mut runner = Runner::default();
-    let mut seed = 10_000;
-    for (i, shape) in rectangular_shapes().into_iter().enumerate() {
-        for (t, trans) in TRANS.into_iter().enumerate() {
-            seed += 1;
-            // Cycle through the 9 alpha/beta combinations and both layouts.
-            let combo = (i + t) % 9;
-            let (alpha, beta) = (ALPHAS[combo / 3], BETAS[combo % 3]);
-            let layout = if (i + t) % 4 == 1 {
-                Layout::RowMajor
-            } else {
-                Layout::ColMajor
-            };
-            let spec = padded_spec(dtype, layout, shape, trans, alpha, beta, i % 3);
-            runner.planned(spec, BATCHES[(i + t) % BATCHES.len()], seed);
-        }
+    for case in rectangular_cases(dtype) {
+        runner.planned(case.spec, case.batch, case.seed);
     }
     runner
 }
@@ -181,7 +147,7 @@ fn other_scalar_kinds() {
     let mut seed = 50_000;
     for (alpha, beta) in others {
         for shape in [(1, 1, 1), (9, 4, 3), (17, 17, 17), (33, 5, 8)] {
-            for trans in TRANS {
+            for trans in MATRIX_TRANS {
                 seed += 1;
                 let spec = padded_spec(Dtype::F64, Layout::ColMajor, shape, trans, alpha, beta, 1);
                 runner.planned(spec, 3, seed);
@@ -291,9 +257,9 @@ fn dot_product_tails() {
         (Dtype::F32, 33, 5, 16),
         (Dtype::F32, 1, 17, 15),
     ];
-    let scalars = ALPHAS
+    let scalars = MATRIX_ALPHAS
         .into_iter()
-        .flat_map(|alpha| BETAS.map(|beta| (alpha, beta)))
+        .flat_map(|alpha| MATRIX_BETAS.map(|beta| (alpha, beta)))
         .chain([(Scalar::fixed(2.5).unwrap(), Scalar::MinusOne)]);
     let looped = Schedule {
         m_vectors: 1,
@@ -325,7 +291,7 @@ fn dot_product_tails() {
                 beta,
                 i % 3,
             );
-            let batch = BATCHES[i % BATCHES.len()];
+            let batch = MATRIX_BATCHES[i % MATRIX_BATCHES.len()];
             let planned = |target| {
                 let (planned, _) = smallgemm_ir::compile_program(&spec, target, None).unwrap();
                 Schedule {
@@ -381,7 +347,7 @@ fn lane_packed_kernels() {
                     } else {
                         Layout::ColMajor
                     };
-                    let (ta, tb) = TRANS[(i + gap) % TRANS.len()];
+                    let (ta, tb) = MATRIX_TRANS[(i + gap) % MATRIX_TRANS.len()];
                     let mut builder = GemmSpec::builder(dtype, side, side, depth)
                         .layout(layout)
                         .trans_a(ta)
@@ -448,8 +414,12 @@ fn streaming_variants() {
         .map(|n| (n, n, n))
         .chain(rectangular_shapes().into_iter().step_by(5));
     for (i, shape) in shapes.enumerate() {
-        let (trans, alpha, beta) = (TRANS[i % 4], ALPHAS[i % 3], BETAS[(i / 3) % 3]);
-        let batch = BATCHES[i % BATCHES.len()];
+        let (trans, alpha, beta) = (
+            MATRIX_TRANS[i % 4],
+            MATRIX_ALPHAS[i % 3],
+            MATRIX_BETAS[(i / 3) % 3],
+        );
+        let batch = MATRIX_BATCHES[i % MATRIX_BATCHES.len()];
         for dtype in [Dtype::F64, Dtype::F32] {
             seed += 1;
             let spec = padded_spec(dtype, Layout::ColMajor, shape, trans, alpha, beta, i % 3);
@@ -534,7 +504,7 @@ fn streaming_stores() {
                             ..Case::new(spec, target).schedule(s)
                         })
                     };
-                    runner.run(case, BATCHES[seed as usize % 4], seed);
+                    runner.run(case, MATRIX_BATCHES[seed as usize % 4], seed);
                 }
             }
         }
@@ -563,7 +533,11 @@ fn narrow_vectors_and_wide_tails() {
     for n in 1..=32 {
         for dtype in [Dtype::F64, Dtype::F32] {
             let i = n + dtype.size();
-            let (trans, alpha, beta) = (TRANS[i % 4], ALPHAS[i % 3], BETAS[(i / 3) % 3]);
+            let (trans, alpha, beta) = (
+                MATRIX_TRANS[i % 4],
+                MATRIX_ALPHAS[i % 3],
+                MATRIX_BETAS[(i / 3) % 3],
+            );
             let spec = padded_spec(
                 dtype,
                 Layout::ColMajor,
@@ -586,7 +560,7 @@ fn narrow_vectors_and_wide_tails() {
                     s.validate(&spec.col_major(), target).ok().map(|_| s)
                 };
                 let case = |t| Some(Case::new(spec, t).schedule(schedule(t)?));
-                runner.run(case, BATCHES[n % 4], seed);
+                runner.run(case, MATRIX_BATCHES[n % 4], seed);
             }
         }
     }
@@ -611,9 +585,9 @@ fn narrow_vectors_and_wide_tails() {
         (Dtype::F64, 13, 26, 5, wide(2, 12)),
         (Dtype::F64, 23, 13, 6, wide(3, 8)),
     ];
-    let scalars = ALPHAS
+    let scalars = MATRIX_ALPHAS
         .into_iter()
-        .flat_map(|alpha| BETAS.map(|beta| (alpha, beta)))
+        .flat_map(|alpha| MATRIX_BETAS.map(|beta| (alpha, beta)))
         .chain([
             (Scalar::fixed(2.5).unwrap(), Scalar::MinusOne),
             (Scalar::Runtime, Scalar::fixed(-0.5).unwrap()),
@@ -626,14 +600,14 @@ fn narrow_vectors_and_wide_tails() {
                 dtype,
                 Layout::ColMajor,
                 (m, n, k),
-                TRANS[i % 4],
+                MATRIX_TRANS[i % 4],
                 alpha,
                 beta,
                 i % 3,
             );
             runner.run(
                 |t| Some(Case::new(spec, t).schedule(s)),
-                BATCHES[i % 4],
+                MATRIX_BATCHES[i % 4],
                 seed,
             );
         }
@@ -679,7 +653,7 @@ fn microsoft_x64_convention() {
                     dtype,
                     Layout::ColMajor,
                     shape,
-                    TRANS[i % 4],
+                    MATRIX_TRANS[i % 4],
                     alpha,
                     beta,
                     i % 3,
@@ -690,7 +664,7 @@ fn microsoft_x64_convention() {
                         ..Case::new(spec, t)
                     })
                 };
-                runner.run(case, BATCHES[i % 4], seed);
+                runner.run(case, MATRIX_BATCHES[i % 4], seed);
                 // Tight, so that lane-packed and pointer-array kernels come too.
                 let builder = GemmSpec::builder(dtype, shape.0, shape.1, shape.2)
                     .alpha(alpha)

@@ -355,3 +355,80 @@ pub fn rectangular_shapes() -> Vec<(usize, usize, usize)> {
     shapes.extend([(1, 1, 1), (64, 1, 1), (1, 64, 1), (1, 1, 64), (64, 64, 64)]);
     shapes
 }
+
+/// The alpha kinds the CPU correctness matrices cycle through (the runtime's and the
+/// emulated NEON and AVX-512 ones share [`square_cases`] and [`rectangular_cases`]).
+pub const MATRIX_ALPHAS: [Scalar; 3] = [Scalar::One, Scalar::MinusOne, Scalar::Runtime];
+/// The beta kinds of the correctness matrices.
+pub const MATRIX_BETAS: [Scalar; 3] = [Scalar::Zero, Scalar::One, Scalar::Runtime];
+/// The transposes of the correctness matrices.
+pub const MATRIX_TRANS: [(Trans, Trans); 4] = [
+    (Trans::N, Trans::N),
+    (Trans::N, Trans::T),
+    (Trans::T, Trans::N),
+    (Trans::T, Trans::T),
+];
+/// Batch lengths that are not multiples of any chunk size.
+pub const MATRIX_BATCHES: [usize; 4] = [1, 3, 7, 13];
+
+/// One case of a correctness matrix: the spec, the batch length to run it on and the seed
+/// of its data.
+#[derive(Clone, Copy, Debug)]
+pub struct MatrixCase {
+    pub spec: GemmSpec,
+    pub batch: usize,
+    pub seed: u64,
+}
+
+/// Every square size 1..=32 with every transpose and alpha/beta combination: padded
+/// leading dimensions and gaps between the matrices in turn, every fifth row-major, the
+/// batch lengths in turn.
+pub fn square_cases(dtype: Dtype) -> Vec<MatrixCase> {
+    let mut cases = Vec::new();
+    let mut seed = 0;
+    for n in 1..=32 {
+        for trans in MATRIX_TRANS {
+            for alpha in MATRIX_ALPHAS {
+                for beta in MATRIX_BETAS {
+                    seed += 1;
+                    let layout = if seed % 5 == 0 {
+                        Layout::RowMajor
+                    } else {
+                        Layout::ColMajor
+                    };
+                    cases.push(MatrixCase {
+                        spec: padded_spec(dtype, layout, (n, n, n), trans, alpha, beta, seed % 3),
+                        batch: MATRIX_BATCHES[seed % MATRIX_BATCHES.len()],
+                        seed: seed as u64,
+                    });
+                }
+            }
+        }
+    }
+    cases
+}
+
+/// The [`rectangular_shapes`], each with every transpose, cycling through the nine
+/// alpha/beta combinations, both layouts, the paddings and the batch lengths.
+pub fn rectangular_cases(dtype: Dtype) -> Vec<MatrixCase> {
+    let mut cases = Vec::new();
+    let mut seed = 10_000;
+    for (i, shape) in rectangular_shapes().into_iter().enumerate() {
+        for (t, trans) in MATRIX_TRANS.into_iter().enumerate() {
+            seed += 1;
+            let combo = (i + t) % 9;
+            let (alpha, beta) = (MATRIX_ALPHAS[combo / 3], MATRIX_BETAS[combo % 3]);
+            let layout = if (i + t) % 4 == 1 {
+                Layout::RowMajor
+            } else {
+                Layout::ColMajor
+            };
+            cases.push(MatrixCase {
+                spec: padded_spec(dtype, layout, shape, trans, alpha, beta, i % 3),
+                batch: MATRIX_BATCHES[(i + t) % MATRIX_BATCHES.len()],
+                seed,
+            });
+        }
+    }
+    cases
+}

@@ -5,18 +5,10 @@
 mod common;
 
 use smallgemm::{Dtype, GemmSpec, Isa, Jit, Layout, Operand, Scalar, Schedule, Target, Trans};
-use smallgemm_ir::reference::{padded_spec, rectangular_shapes};
-
-const ALPHAS: [Scalar; 3] = [Scalar::One, Scalar::MinusOne, Scalar::Runtime];
-const BETAS: [Scalar; 3] = [Scalar::Zero, Scalar::One, Scalar::Runtime];
-const TRANS: [(Trans, Trans); 4] = [
-    (Trans::N, Trans::N),
-    (Trans::N, Trans::T),
-    (Trans::T, Trans::N),
-    (Trans::T, Trans::T),
-];
-/// Batch lengths that are not multiples of any chunk size.
-const BATCHES: [usize; 4] = [1, 3, 7, 13];
+use smallgemm_ir::reference::{
+    padded_spec, rectangular_cases, rectangular_shapes, square_cases, MatrixCase, MATRIX_ALPHAS,
+    MATRIX_BATCHES, MATRIX_BETAS, MATRIX_TRANS,
+};
 
 fn jit(isa: Isa) -> Option<Jit> {
     match Jit::with_isa(isa) {
@@ -50,27 +42,18 @@ fn squares(isa: Isa, dtype: Dtype) {
 
 /// [`squares`] on `jit`, for the sizes `n` that `sizes` keeps.
 fn squares_on(jit: &Jit, dtype: Dtype, sizes: impl Fn(usize) -> bool) {
-    let mut seed = 0;
-    for n in (1..=32).filter(|&n| sizes(n)) {
-        for trans in TRANS {
-            for alpha in ALPHAS {
-                for beta in BETAS {
-                    seed += 1;
-                    let layout = if seed % 5 == 0 {
-                        Layout::RowMajor
-                    } else {
-                        Layout::ColMajor
-                    };
-                    let spec = padded_spec(dtype, layout, (n, n, n), trans, alpha, beta, seed % 3);
-                    let batch = BATCHES[seed % BATCHES.len()];
-                    match dtype {
-                        Dtype::F64 => common::check_spec::<f64>(jit, &spec, batch, seed as u64),
-                        Dtype::F32 => common::check_spec::<f32>(jit, &spec, batch, seed as u64),
-                        Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
-                    }
-                }
-            }
-        }
+    for case in square_cases(dtype).iter().filter(|c| sizes(c.spec.m())) {
+        check_case(jit, case);
+    }
+}
+
+/// Checks one case of the shared matrix on `jit`.
+fn check_case(jit: &Jit, case: &MatrixCase) {
+    let MatrixCase { spec, batch, seed } = *case;
+    match spec.dtype() {
+        Dtype::F64 => common::check_spec::<f64>(jit, &spec, batch, seed),
+        Dtype::F32 => common::check_spec::<f32>(jit, &spec, batch, seed),
+        Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
     }
 }
 
@@ -112,26 +95,8 @@ fn squares_avx2_other_stores_f32() {
 
 fn rectangular(isa: Isa, dtype: Dtype) {
     let Some(jit) = jit(isa) else { return };
-    let mut seed = 10_000;
-    for (i, shape) in rectangular_shapes().into_iter().enumerate() {
-        for (t, trans) in TRANS.into_iter().enumerate() {
-            seed += 1;
-            // Cycle through the 9 alpha/beta combinations and both layouts.
-            let combo = (i + t) % 9;
-            let (alpha, beta) = (ALPHAS[combo / 3], BETAS[combo % 3]);
-            let layout = if (i + t) % 4 == 1 {
-                Layout::RowMajor
-            } else {
-                Layout::ColMajor
-            };
-            let spec = padded_spec(dtype, layout, shape, trans, alpha, beta, i % 3);
-            let batch = BATCHES[(i + t) % BATCHES.len()];
-            match dtype {
-                Dtype::F64 => common::check_spec::<f64>(&jit, &spec, batch, seed),
-                Dtype::F32 => common::check_spec::<f32>(&jit, &spec, batch, seed),
-                Dtype::F16 => unreachable!("CPU tests cover f32 and f64"),
-            }
-        }
+    for case in &rectangular_cases(dtype) {
+        check_case(&jit, case);
     }
 }
 
@@ -168,7 +133,7 @@ fn other_scalar_kinds() {
         let mut seed = 50_000;
         for (alpha, beta) in others {
             for shape in [(1, 1, 1), (9, 4, 3), (17, 17, 17), (33, 5, 8)] {
-                for trans in TRANS {
+                for trans in MATRIX_TRANS {
                     seed += 1;
                     let spec =
                         padded_spec(Dtype::F64, Layout::ColMajor, shape, trans, alpha, beta, 1);
@@ -230,8 +195,12 @@ fn prefetching(isa: Isa) {
         .map(|n| (n, n, n))
         .chain(rectangular_shapes().into_iter().step_by(5));
     for (i, shape) in shapes.enumerate() {
-        let (trans, alpha, beta) = (TRANS[i % 4], ALPHAS[i % 3], BETAS[(i / 3) % 3]);
-        let batch = BATCHES[i % BATCHES.len()];
+        let (trans, alpha, beta) = (
+            MATRIX_TRANS[i % 4],
+            MATRIX_ALPHAS[i % 3],
+            MATRIX_BETAS[(i / 3) % 3],
+        );
+        let batch = MATRIX_BATCHES[i % MATRIX_BATCHES.len()];
         for dtype in [Dtype::F64, Dtype::F32] {
             seed += 1;
             let spec = padded_spec(dtype, Layout::ColMajor, shape, trans, alpha, beta, i % 3);
@@ -305,9 +274,9 @@ fn wide_tail_blocks_on(jit: &Jit) {
             (Dtype::F64, 11, 9, 7, wide(3, 3)),
         ],
     };
-    let scalars = ALPHAS
+    let scalars = MATRIX_ALPHAS
         .into_iter()
-        .flat_map(|alpha| BETAS.map(|beta| (alpha, beta)))
+        .flat_map(|alpha| MATRIX_BETAS.map(|beta| (alpha, beta)))
         .chain([
             (Scalar::fixed(2.5).unwrap(), Scalar::MinusOne),
             (Scalar::Runtime, Scalar::fixed(-0.5).unwrap()),
@@ -321,12 +290,12 @@ fn wide_tail_blocks_on(jit: &Jit) {
                 dtype,
                 Layout::ColMajor,
                 (m, n, k),
-                TRANS[i % 4],
+                MATRIX_TRANS[i % 4],
                 alpha,
                 beta,
                 i % 3,
             );
-            let batch = BATCHES[i % BATCHES.len()];
+            let batch = MATRIX_BATCHES[i % MATRIX_BATCHES.len()];
             common::check_schedule(jit, &spec, Some(&s), batch, seed);
         }
     }
@@ -375,8 +344,12 @@ fn b_resident_blocks_avx2() {
         .chain(rectangular_shapes().into_iter().step_by(3));
     let (mut seed, mut ran) = (160_000, 0);
     for (i, shape) in shapes.enumerate() {
-        let (trans, alpha, beta) = (TRANS[i % 4], ALPHAS[i % 3], BETAS[(i / 3) % 3]);
-        let batch = BATCHES[i % BATCHES.len()];
+        let (trans, alpha, beta) = (
+            MATRIX_TRANS[i % 4],
+            MATRIX_ALPHAS[i % 3],
+            MATRIX_BETAS[(i / 3) % 3],
+        );
+        let batch = MATRIX_BATCHES[i % MATRIX_BATCHES.len()];
         for dtype in [Dtype::F64, Dtype::F32] {
             seed += 1;
             let spec = padded_spec(dtype, Layout::ColMajor, shape, trans, alpha, beta, i % 3);
@@ -411,9 +384,9 @@ fn dot_product_tails_avx512() {
         (Dtype::F32, 33, 5, 16),
         (Dtype::F32, 1, 17, 15),
     ];
-    let scalars = ALPHAS
+    let scalars = MATRIX_ALPHAS
         .into_iter()
-        .flat_map(|alpha| BETAS.map(|beta| (alpha, beta)))
+        .flat_map(|alpha| MATRIX_BETAS.map(|beta| (alpha, beta)))
         .chain([(Scalar::fixed(2.5).unwrap(), Scalar::MinusOne)]);
     let mut seed = 150_000;
     for (i, (alpha, beta)) in scalars.enumerate() {
@@ -455,7 +428,7 @@ fn dot_product_tails_avx512() {
                 n_cols: planned.n_cols.max(1),
                 ..planned
             };
-            let batch = BATCHES[i % BATCHES.len()];
+            let batch = MATRIX_BATCHES[i % MATRIX_BATCHES.len()];
             for s in [planned, looped] {
                 common::check_schedule(&jit, &spec, Some(&s), batch, seed);
             }
@@ -494,7 +467,7 @@ fn lane_packed(isa: Isa) {
                         Layout::ColMajor
                     };
                     // Transposes, which 2x2 kernels take, one pair per scalar kind.
-                    let (ta, tb) = TRANS[(i + gap) % TRANS.len()];
+                    let (ta, tb) = MATRIX_TRANS[(i + gap) % MATRIX_TRANS.len()];
                     let mut builder = GemmSpec::builder(dtype, side, side, depth)
                         .layout(layout)
                         .trans_a(ta)
@@ -578,9 +551,9 @@ fn shipped_schedules() {
             let checked_before = checked;
             // The padded specs of every transpose, and the tight one (lane-packed kernels
             // need contiguous matrices).
-            for j in 0..=TRANS.len() {
-                let (alpha, beta) = (ALPHAS[(i + j) % 3], BETAS[(i + 2 * j) % 3]);
-                let spec = match TRANS.get(j) {
+            for j in 0..=MATRIX_TRANS.len() {
+                let (alpha, beta) = (MATRIX_ALPHAS[(i + j) % 3], MATRIX_BETAS[(i + 2 * j) % 3]);
+                let spec = match MATRIX_TRANS.get(j) {
                     Some(&trans) => padded_spec(
                         dtype,
                         Layout::ColMajor,
@@ -599,7 +572,10 @@ fn shipped_schedules() {
                 if schedule.validate(&spec.col_major(), jit.target()).is_err() {
                     continue;
                 }
-                let (batch, seed) = (BATCHES[j % BATCHES.len()], 130_000 + (5 * i + j) as u64);
+                let (batch, seed) = (
+                    MATRIX_BATCHES[j % MATRIX_BATCHES.len()],
+                    130_000 + (5 * i + j) as u64,
+                );
                 common::check_schedule(&jit, &spec, Some(schedule), batch, seed);
                 checked += 1;
             }
