@@ -836,12 +836,7 @@ impl Lowering<'_> {
         let a_regs: Vec<VReg> = (0..rb.vectors).map(|v| self.temp(v)).collect();
         let a_reg = |v: usize| a_regs[v];
         for v in 0..rb.vectors {
-            let load = Op::Load {
-                dst: a_reg(v),
-                addr: addr(a.plus(self.vector_offset(rb, v)))?,
-                mask: self.mask_for(rb, v),
-            };
-            push_at(out, self.narrow_bytes(rb, v), load);
+            self.load_a(out, a_reg(v), a, rb, v)?;
         }
         let b_col = self.b_col_bytes();
         if self.b_operand == BOperand::VectorsAlongN {
@@ -901,6 +896,25 @@ impl Lowering<'_> {
         Ok(())
     }
 
+    /// Loads vector `v` of `rb`'s column segment of op(A) at `a` into `dst`: through its
+    /// mask where it is the tail, at the tail's narrowed width.
+    fn load_a(
+        &self,
+        out: &mut Vec<Op>,
+        dst: VReg,
+        a: Cursor,
+        rb: RowBlock,
+        v: usize,
+    ) -> Result<(), LowerError> {
+        let load = Op::Load {
+            dst,
+            addr: addr(a.plus(self.vector_offset(rb, v)))?,
+            mask: self.mask_for(rb, v),
+        };
+        push_at(out, self.narrow_bytes(rb, v), load);
+        Ok(())
+    }
+
     /// One step of k with op(B) in registers (`Schedule::b_resident`): broadcast the
     /// step's element of each column into a register of its own, then load the column
     /// segment of op(A) a vector at a time into one register and FMA it into every column.
@@ -924,12 +938,7 @@ impl Lowering<'_> {
         }
         for v in 0..rb.vectors {
             let narrow = self.narrow_bytes(rb, v);
-            let load = Op::Load {
-                dst: a_reg,
-                addr: addr(a.plus(self.vector_offset(rb, v)))?,
-                mask: self.mask_for(rb, v),
-            };
-            push_at(out, narrow, load);
+            self.load_a(out, a_reg, a, rb, v)?;
             for j in 0..cols {
                 let fma = Op::Fma {
                     acc: self.acc(v, j),
@@ -970,11 +979,7 @@ impl Lowering<'_> {
         for s in 0..steps {
             let a = a.plus(s as i64 * a_col);
             for v in 0..rb.vectors {
-                out.push(Op::Load {
-                    dst: self.temp(v),
-                    addr: addr(a.plus(self.vector_offset(rb, v)))?,
-                    mask: self.mask_for(rb, v),
-                });
+                self.load_a(out, self.temp(v), a, rb, v)?;
             }
             for j in 0..cols {
                 for v in 0..rb.vectors {
