@@ -14,8 +14,8 @@ mod emu;
 use common::{merge, Case, Coverage};
 use smallgemm_codegen_x86::CallConv;
 use smallgemm_ir::reference::{
-    padded_spec, rectangular_cases, rectangular_shapes, square_cases, MATRIX_ALPHAS,
-    MATRIX_BATCHES, MATRIX_BETAS, MATRIX_TRANS,
+    lane_packed_specs, padded_spec, rectangular_cases, square_cases, variant_cases, MatrixCase,
+    MATRIX_ALPHAS, MATRIX_BATCHES, MATRIX_BETAS, MATRIX_TRANS,
 };
 use smallgemm_ir::{Dtype, GemmSpec, Layout, Scalar, Schedule, Target, Trans};
 
@@ -330,57 +330,25 @@ fn dot_product_tails() {
 /// vpermpd by indices zero-extended from constants after the code).
 #[test]
 fn lane_packed_kernels() {
-    let scalars = [
-        (Scalar::One, Scalar::Zero),
-        (Scalar::MinusOne, Scalar::One),
-        (Scalar::Runtime, Scalar::Runtime),
-        (Scalar::fixed(0.5).unwrap(), Scalar::MinusOne),
-    ];
     let mut runner = Runner::default();
     let mut seed = 300_000;
-    for dtype in [Dtype::F64, Dtype::F32] {
-        for (side, depth) in [(2, 2), (3, 3), (4, 4), (4, 8), (4, 12), (4, 32)] {
-            for (i, &(alpha, beta)) in scalars.iter().enumerate() {
-                for gap in [0, 3] {
-                    let layout = if i == 1 {
-                        Layout::RowMajor
-                    } else {
-                        Layout::ColMajor
+    for spec in lane_packed_specs() {
+        let problem = spec.col_major();
+        for &width in Target::AVX512.vector_widths() {
+            for batch_unroll in [0, 2, 3] {
+                let schedule = |target| {
+                    let (_, packed) = smallgemm_ir::lane_pack::plan(&problem, target)?;
+                    let s = Schedule {
+                        vector_bytes: width,
+                        batch_unroll,
+                        ..packed
                     };
-                    let (ta, tb) = MATRIX_TRANS[(i + gap) % MATRIX_TRANS.len()];
-                    let mut builder = GemmSpec::builder(dtype, side, side, depth)
-                        .layout(layout)
-                        .trans_a(ta)
-                        .trans_b(tb)
-                        .alpha(alpha)
-                        .beta(beta);
-                    if gap > 0 {
-                        let (size, operand) = (side * side, side * depth);
-                        builder = builder
-                            .stride_a(operand + gap)
-                            .stride_b(operand + gap + 1)
-                            .stride_c(size + gap);
-                    }
-                    let spec = builder.build().unwrap();
-                    let problem = spec.col_major();
-                    for &width in Target::AVX512.vector_widths() {
-                        for batch_unroll in [0, 2, 3] {
-                            let schedule = |target| {
-                                let (_, packed) = smallgemm_ir::lane_pack::plan(&problem, target)?;
-                                let s = Schedule {
-                                    vector_bytes: width,
-                                    batch_unroll,
-                                    ..packed
-                                };
-                                s.validate(&problem, target).ok().map(|_| s)
-                            };
-                            for batch in [1, 2, 3, 5, 8, 13, 17] {
-                                seed += 1;
-                                let case = |t| Some(Case::new(spec, t).schedule(schedule(t)?));
-                                runner.run(case, batch, seed);
-                            }
-                        }
-                    }
+                    s.validate(&problem, target).ok().map(|_| s)
+                };
+                for batch in [1, 2, 3, 5, 8, 13, 17] {
+                    seed += 1;
+                    let case = |t| Some(Case::new(spec, t).schedule(schedule(t)?));
+                    runner.run(case, batch, seed);
                 }
             }
         }
@@ -409,42 +377,28 @@ fn lane_packed_kernels() {
 #[test]
 fn streaming_variants() {
     let mut runner = Runner::default();
-    let mut seed = 120_000;
-    let shapes = (1..=32)
-        .map(|n| (n, n, n))
-        .chain(rectangular_shapes().into_iter().step_by(5));
-    for (i, shape) in shapes.enumerate() {
-        let (trans, alpha, beta) = (
-            MATRIX_TRANS[i % 4],
-            MATRIX_ALPHAS[i % 3],
-            MATRIX_BETAS[(i / 3) % 3],
+    for MatrixCase { spec, batch, seed } in variant_cases() {
+        let planned = |target| {
+            smallgemm_ir::compile_program(&spec, target, None)
+                .unwrap()
+                .0
+        };
+        let prefetching = |target| Schedule {
+            prefetch: true,
+            ..planned(target)
+        };
+        let streaming =
+            |target| smallgemm_ir::plan_streaming(&spec.col_major(), target, &planned(target));
+        runner.run(
+            |t| Some(Case::new(spec, t).schedule(prefetching(t))),
+            batch,
+            seed,
         );
-        let batch = MATRIX_BATCHES[i % MATRIX_BATCHES.len()];
-        for dtype in [Dtype::F64, Dtype::F32] {
-            seed += 1;
-            let spec = padded_spec(dtype, Layout::ColMajor, shape, trans, alpha, beta, i % 3);
-            let planned = |target| {
-                smallgemm_ir::compile_program(&spec, target, None)
-                    .unwrap()
-                    .0
-            };
-            let prefetching = |target| Schedule {
-                prefetch: true,
-                ..planned(target)
-            };
-            let streaming =
-                |target| smallgemm_ir::plan_streaming(&spec.col_major(), target, &planned(target));
-            runner.run(
-                |t| Some(Case::new(spec, t).schedule(prefetching(t))),
-                batch,
-                seed,
-            );
-            runner.run(
-                |t| Some(Case::new(spec, t).schedule(streaming(t))),
-                batch,
-                seed,
-            );
-        }
+        runner.run(
+            |t| Some(Case::new(spec, t).schedule(streaming(t))),
+            batch,
+            seed,
+        );
     }
     runner.finish("streaming variants", 2 * 2 * 97, &["prefetcht0"]);
 }

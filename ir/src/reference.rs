@@ -432,3 +432,73 @@ pub fn rectangular_cases(dtype: Dtype) -> Vec<MatrixCase> {
     }
     cases
 }
+
+/// The cases the variants of a schedule are checked on (prefetching and streaming ones):
+/// every square size and a fifth of the [`rectangular_shapes`], f64 then f32 for each,
+/// column-major, cycling through the transposes, scalar kinds, paddings and batch lengths.
+pub fn variant_cases() -> Vec<MatrixCase> {
+    let shapes = (1..=32)
+        .map(|n| (n, n, n))
+        .chain(rectangular_shapes().into_iter().step_by(5));
+    let mut cases = Vec::new();
+    let mut seed = 120_000;
+    for (i, shape) in shapes.enumerate() {
+        let (trans, alpha, beta) = (
+            MATRIX_TRANS[i % 4],
+            MATRIX_ALPHAS[i % 3],
+            MATRIX_BETAS[(i / 3) % 3],
+        );
+        for dtype in [Dtype::F64, Dtype::F32] {
+            seed += 1;
+            cases.push(MatrixCase {
+                spec: padded_spec(dtype, Layout::ColMajor, shape, trans, alpha, beta, i % 3),
+                batch: MATRIX_BATCHES[i % MATRIX_BATCHES.len()],
+                seed,
+            });
+        }
+    }
+    cases
+}
+
+/// The specs lane-packed kernels are checked on (2x2x2, 3x3x3 and 4x4xk): each dtype and
+/// size with four scalar kinds, one of them row-major, transposes where 2x2 takes them,
+/// packed batches and batches with gaps between the matrices (whose sentinels catch stray
+/// writes).
+pub fn lane_packed_specs() -> Vec<GemmSpec> {
+    let scalars = [
+        (Scalar::One, Scalar::Zero),
+        (Scalar::MinusOne, Scalar::One),
+        (Scalar::Runtime, Scalar::Runtime),
+        (Scalar::fixed(0.5).expect("a finite value"), Scalar::MinusOne),
+    ];
+    let mut specs = Vec::new();
+    for dtype in [Dtype::F64, Dtype::F32] {
+        for (side, depth) in [(2, 2), (3, 3), (4, 4), (4, 8), (4, 12), (4, 32)] {
+            for (i, &(alpha, beta)) in scalars.iter().enumerate() {
+                for gap in [0, 3] {
+                    let layout = if i == 1 {
+                        Layout::RowMajor
+                    } else {
+                        Layout::ColMajor
+                    };
+                    let (ta, tb) = MATRIX_TRANS[(i + gap) % MATRIX_TRANS.len()];
+                    let mut builder = GemmSpec::builder(dtype, side, side, depth)
+                        .layout(layout)
+                        .trans_a(ta)
+                        .trans_b(tb)
+                        .alpha(alpha)
+                        .beta(beta);
+                    if gap > 0 {
+                        let (size, operand) = (side * side, side * depth);
+                        builder = builder
+                            .stride_a(operand + gap)
+                            .stride_b(operand + gap + 1)
+                            .stride_c(size + gap);
+                    }
+                    specs.push(builder.build().expect("a valid lane-packed spec"));
+                }
+            }
+        }
+    }
+    specs
+}

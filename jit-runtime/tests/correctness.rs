@@ -6,8 +6,8 @@ mod common;
 
 use smallgemm::{Dtype, GemmSpec, Isa, Jit, Layout, Operand, Scalar, Schedule, Target, Trans};
 use smallgemm_ir::reference::{
-    padded_spec, rectangular_cases, rectangular_shapes, square_cases, MatrixCase, MATRIX_ALPHAS,
-    MATRIX_BATCHES, MATRIX_BETAS, MATRIX_TRANS,
+    lane_packed_specs, padded_spec, rectangular_cases, rectangular_shapes, square_cases,
+    variant_cases, MatrixCase, MATRIX_ALPHAS, MATRIX_BATCHES, MATRIX_BETAS, MATRIX_TRANS,
 };
 
 fn jit(isa: Isa) -> Option<Jit> {
@@ -190,33 +190,19 @@ fn large_shapes() {
 /// the rectangular shapes, with all transposes, scalar kinds, padding and gaps.
 fn prefetching(isa: Isa) {
     let Some(jit) = jit(isa) else { return };
-    let mut seed = 120_000;
-    let shapes = (1..=32)
-        .map(|n| (n, n, n))
-        .chain(rectangular_shapes().into_iter().step_by(5));
-    for (i, shape) in shapes.enumerate() {
-        let (trans, alpha, beta) = (
-            MATRIX_TRANS[i % 4],
-            MATRIX_ALPHAS[i % 3],
-            MATRIX_BETAS[(i / 3) % 3],
-        );
-        let batch = MATRIX_BATCHES[i % MATRIX_BATCHES.len()];
-        for dtype in [Dtype::F64, Dtype::F32] {
-            seed += 1;
-            let spec = padded_spec(dtype, Layout::ColMajor, shape, trans, alpha, beta, i % 3);
-            let planned = smallgemm::generate(&spec, jit.target(), None)
-                .unwrap()
-                .schedule;
-            let s = Schedule {
-                prefetch: true,
-                ..planned
-            };
-            // And the streaming variant the JIT runs for batches larger than L2 (blocks as
-            // tall as m where the registers allow).
-            let streaming = smallgemm_ir::plan_streaming(&spec.col_major(), jit.target(), &planned);
-            for s in [s, streaming] {
-                common::check_schedule(&jit, &spec, Some(&s), batch, seed);
-            }
+    for MatrixCase { spec, batch, seed } in variant_cases() {
+        let planned = smallgemm::generate(&spec, jit.target(), None)
+            .unwrap()
+            .schedule;
+        let s = Schedule {
+            prefetch: true,
+            ..planned
+        };
+        // And the streaming variant the JIT runs for batches larger than L2 (blocks as
+        // tall as m where the registers allow).
+        let streaming = smallgemm_ir::plan_streaming(&spec.col_major(), jit.target(), &planned);
+        for s in [s, streaming] {
+            common::check_schedule(&jit, &spec, Some(&s), batch, seed);
         }
     }
 }
@@ -450,67 +436,36 @@ fn lane_packed(isa: Isa) {
     })
     .expect("the ISA runs here");
     let target = jit.target();
-    let scalars = [
-        (Scalar::One, Scalar::Zero),
-        (Scalar::MinusOne, Scalar::One),
-        (Scalar::Runtime, Scalar::Runtime),
-        (Scalar::fixed(0.5).unwrap(), Scalar::MinusOne),
-    ];
     let (mut seed, mut kernels) = (300_000, 0);
-    for dtype in [Dtype::F64, Dtype::F32] {
-        for (side, depth) in [(2, 2), (3, 3), (4, 4), (4, 8), (4, 12), (4, 32)] {
-            for (i, &(alpha, beta)) in scalars.iter().enumerate() {
-                for gap in [0, 3] {
-                    let layout = if i == 1 {
-                        Layout::RowMajor
-                    } else {
-                        Layout::ColMajor
-                    };
-                    // Transposes, which 2x2 kernels take, one pair per scalar kind.
-                    let (ta, tb) = MATRIX_TRANS[(i + gap) % MATRIX_TRANS.len()];
-                    let mut builder = GemmSpec::builder(dtype, side, side, depth)
-                        .layout(layout)
-                        .trans_a(ta)
-                        .trans_b(tb)
-                        .alpha(alpha)
-                        .beta(beta);
-                    if gap > 0 {
-                        let (size, operand) = (side * side, side * depth);
-                        builder = builder
-                            .stride_a(operand + gap)
-                            .stride_b(operand + gap + 1)
-                            .stride_c(size + gap);
-                    }
-                    let spec = builder.build().unwrap();
-                    let problem = spec.col_major();
-                    let Some((_, packed)) = smallgemm_ir::lane_pack::plan(&problem, target) else {
-                        let transposed = problem.trans_a == Trans::T || problem.trans_b == Trans::T;
-                        // 3x3x3 needs 512-bit full permutes.
-                        let no_3x3 = isa != Isa::Avx512;
-                        assert!(
-                            gap > 0 || (side == 4 && transposed) || (side == 3 && no_3x3),
-                            "{} is not lane-packed on {target}",
-                            spec.name()
-                        );
-                        continue;
-                    };
-                    for &width in target.vector_widths() {
-                        for batch_unroll in [0, 2, 3] {
-                            let s = Schedule {
-                                vector_bytes: width,
-                                batch_unroll,
-                                ..packed
-                            };
-                            if s.validate(&problem, target).is_err() {
-                                continue;
-                            }
-                            kernels += 1;
-                            for batch in [1, 2, 3, 5, 8, 13, 17] {
-                                seed += 1;
-                                common::check_schedule(&jit, &spec, Some(&s), batch, seed);
-                            }
-                        }
-                    }
+    for spec in lane_packed_specs() {
+        let problem = spec.col_major();
+        let side = problem.m;
+        let gaps = problem.stride_c != side * side;
+        let Some((_, packed)) = smallgemm_ir::lane_pack::plan(&problem, target) else {
+            let transposed = problem.trans_a == Trans::T || problem.trans_b == Trans::T;
+            // 3x3x3 needs 512-bit full permutes.
+            let no_3x3 = isa != Isa::Avx512;
+            assert!(
+                gaps || (side == 4 && transposed) || (side == 3 && no_3x3),
+                "{} is not lane-packed on {target}",
+                spec.name()
+            );
+            continue;
+        };
+        for &width in target.vector_widths() {
+            for batch_unroll in [0, 2, 3] {
+                let s = Schedule {
+                    vector_bytes: width,
+                    batch_unroll,
+                    ..packed
+                };
+                if s.validate(&problem, target).is_err() {
+                    continue;
+                }
+                kernels += 1;
+                for batch in [1, 2, 3, 5, 8, 13, 17] {
+                    seed += 1;
+                    common::check_schedule(&jit, &spec, Some(&s), batch, seed);
                 }
             }
         }
