@@ -469,7 +469,10 @@ pub fn lane_packed_specs() -> Vec<GemmSpec> {
         (Scalar::One, Scalar::Zero),
         (Scalar::MinusOne, Scalar::One),
         (Scalar::Runtime, Scalar::Runtime),
-        (Scalar::fixed(0.5).expect("a finite value"), Scalar::MinusOne),
+        (
+            Scalar::fixed(0.5).expect("a finite value"),
+            Scalar::MinusOne,
+        ),
     ];
     let mut specs = Vec::new();
     for dtype in [Dtype::F64, Dtype::F32] {
