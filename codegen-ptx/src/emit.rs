@@ -2175,6 +2175,12 @@ struct MmaWarp {
     /// Per lane, whether slot e of each tile holds accumulator e ^ 1 (first) and e ^ 2
     /// (second) instead of e: see [`epilogue_swap_table`]. None: not swapped.
     swaps: [Option<String>; 2],
+    /// `GpuSchedule::column_sweep`: each group is every row tile of one column tile, row
+    /// tile i its i-th tile; A's fragments of every row tile are loaded once.
+    sweep: bool,
+    /// Where the tiles' slots come in `mma_body`, before each epilogue (column sweep
+    /// without the C prefetch): what they need.
+    gen: Option<SlotGen>,
 }
 
 /// The lane-dependent order in which a warp's lanes visit the four accumulators of a tile
@@ -2235,9 +2241,14 @@ fn mma_group(s: &GpuSchedule, p: &ColMajorProblem) -> usize {
 struct MmaTile {
     tmr: String,
     tnr: String,
+    /// The largest column tile `tnr` can be (in any warp).
+    tn_max: usize,
     valid: Option<String>,
-    /// Per accumulator slot: its address, its guard, and C's old value where prefetched.
-    slots: Vec<(SlotAddr, Option<String>, Option<String>)>,
+    /// Grouped tiles: whether this one lies past the last column tile (None: never).
+    hangs: Option<String>,
+    /// Per accumulator slot: its address, its guard, and C's old value where prefetched
+    /// (empty where `MmaWarp::gen` makes them later).
+    slots: Vec<Slot>,
 }
 
 /// A byte offset from a slot's base: an immediate, or (swapped slots,
@@ -2316,7 +2327,7 @@ fn mma_warp(
     asm.op(format!("shr.u32 {gid}, {lane}, 2"));
     let tig = asm.reg(Kind::B32);
     asm.op(format!("and.b32 {tig}, {lane}, 3"));
-    let fixed_row = reuse.then(|| {
+    let fixed_row = (reuse && !s.column_sweep_apply()).then(|| {
         let tmr = asm.reg(Kind::B32);
         asm.op(format!("rem.u32 {tmr}, {warp}, {mt}"));
         tmr
@@ -2367,18 +2378,51 @@ fn mma_warp(
     // Slot 3: one step along each bit.
     let both = steps[1].add(asm, &steps[2]);
     let steps = [steps[0].clone(), steps[1].clone(), steps[2].clone(), both];
-    let group = mma_group(s, p);
+    let sweep = s.column_sweep_apply();
+    let group = if sweep { mt } else { mma_group(s, p) };
     // Groups of `group` tiles of one row tile (consecutive column tiles) in turn: a
-    // group's tiles share their A fragments (`mma_body`).
+    // group's tiles share their A fragments (`mma_body`). Column sweep: every row tile of
+    // column tiles warp, warp + w, ... (a group each, sharing its B fragments).
     let groups = mt * nt.div_ceil(group);
-    let rounds = match fixed_row {
-        Some(_) => tiles.div_ceil(w),
-        None => groups.div_ceil(w),
+    let rounds = match (&fixed_row, sweep) {
+        (_, true) => nt.div_ceil(w),
+        (Some(_), false) => tiles.div_ceil(w),
+        (None, false) => groups.div_ceil(w),
     };
+    let row_tiles: Vec<String> = if sweep {
+        (0..mt).map(|i| asm.imm32(i as u64)).collect()
+    } else {
+        Vec::new()
+    };
+    let gen = SlotGen {
+        gid: gid.clone(),
+        tig: tig.clone(),
+        shifts,
+        steps,
+        swaps: swaps.clone(),
+        ldc,
+        sc: sc.map(|(r, _)| r.to_string()),
+        c: problem.c.clone(),
+    };
+    let deferred = sweep && !prefetch;
     let mut out = Vec::new();
     for q in 0..rounds {
         let mut coords = Vec::new();
         match &fixed_row {
+            _ if sweep => {
+                let tnr = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {tnr}, {warp}, {}", q * w));
+                let valid = ((q + 1) * w > nt).then(|| asm.lt(&tnr, &nt.to_string()));
+                for tmr in &row_tiles {
+                    coords.push((
+                        tmr.clone(),
+                        tnr.clone(),
+                        (q + 1) * w - 1,
+                        valid.clone(),
+                        None,
+                    ));
+                }
+            }
             Some(tmr) => {
                 // Row tile w % mt, column tiles w / mt + q * (w / mt).
                 let step = w / mt;
@@ -2388,7 +2432,7 @@ fn mma_warp(
                     asm.op(format!("add.u32 {tnr}, {tnr}, {}", q * step));
                 }
                 let valid = ((q + 1) * step > nt).then(|| asm.lt(&tnr, &nt.to_string()));
-                coords.push((tmr.clone(), tnr, valid, None));
+                coords.push((tmr.clone(), tnr, (q + 1) * step - 1, valid, None));
             }
             None => {
                 let t = asm.reg(Kind::B32);
@@ -2398,8 +2442,9 @@ fn mma_warp(
                 let tn0 = asm.reg(Kind::B32);
                 asm.op(format!("rem.u32 {tmr}, {t}, {mt}"));
                 asm.op(format!("div.u32 {tn0}, {t}, {mt}"));
+                let tn0_max = ((q + 1) * w - 1) / mt;
                 if group == 1 {
-                    coords.push((tmr, tn0, valid, None));
+                    coords.push((tmr, tn0, tn0_max, valid, None));
                 } else {
                     asm.op(format!("mul.lo.u32 {tn0}, {tn0}, {group}"));
                     for j in 0..group {
@@ -2410,64 +2455,25 @@ fn mma_warp(
                             (j > 0 && nt % group != 0).then(|| asm.lt(&tnr, &nt.to_string()));
                         let hangs = asm.and(valid.clone(), inside.clone());
                         let guard = inside.and(hangs.clone());
-                        coords.push((tmr.clone(), tnr, hangs, guard));
+                        coords.push((tmr.clone(), tnr, tn0_max * group + j, hangs, guard));
                     }
                 }
             }
         }
-        for (tmr, tnr, valid, hangs) in coords {
-            // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down (slot 0 swapped
-            // to accumulator h: `shifts`).
-            let row = asm.reg(Kind::B32);
-            asm.op(format!("mad.lo.u32 {row}, {tmr}, 16, {gid}"));
-            let col = asm.reg(Kind::B32);
-            asm.op(format!("shl.b32 {col}, {tig}, 1"));
-            asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
-            if let Some(sh) = &shifts[0] {
-                asm.op(format!("add.u32 {col}, {col}, {sh}"));
-            }
-            if let Some(sh) = &shifts[1] {
-                asm.op(format!("add.u32 {row}, {row}, {sh}"));
-            }
-            let off = asm.reg(Kind::B32);
-            asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
-            let cbase = match sc {
-                Some((sc, _)) => {
-                    let r = asm.reg(Kind::B32);
-                    asm.op(format!("mad.lo.u32 {r}, {off}, 2, {sc}"));
-                    r
-                }
-                None => {
-                    let off64 = asm.reg(Kind::B64);
-                    asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
-                    let cbase = asm.reg(Kind::B64);
-                    asm.op(format!("add.u64 {cbase}, {}, {off64}", problem.c));
-                    cbase
-                }
+        for (tmr, tnr, tn_max, valid, hangs) in coords {
+            // Column sweep: the slots of each tile come in `mma_body`, just before its
+            // epilogue (fewer registers and predicates live through the mma).
+            let slots = if deferred {
+                Vec::new()
+            } else {
+                gen.slots(asm, p, epi, &tmr, &tnr, &valid, &hangs, prefetch, None)
             };
-            let rp = swapped_below(asm, &row, 8, &swaps[1], p.m, p.m % 16 != 0);
-            let cp = swapped_below(asm, &col, 1, &swaps[0], p.n, p.n % 8 != 0);
-            let mut slots = Vec::new();
-            // A grouped tile past the last column tile: computed (on clamped B), never stored.
-            for i in 0..4 {
-                let pred = asm.and(rp[i / 2].clone(), cp[i % 2].clone());
-                let pred = asm.and(pred, hangs.clone());
-                let addr = SlotAddr {
-                    base: cbase.clone(),
-                    offset: steps[i].clone(),
-                };
-                let old = (prefetch && epi.beta != Scalar::Zero).then(|| {
-                    // A tile past the last one must not read: its address may lie outside C.
-                    let lp = asm.and(pred.clone(), valid.clone());
-                    let addr = addr.operand(asm);
-                    epi.load(asm, &addr, &lp, "global")
-                });
-                slots.push((addr, pred, old));
-            }
             out.push(MmaTile {
                 tmr,
                 tnr,
+                tn_max,
                 valid,
+                hangs,
                 slots,
             });
         }
@@ -2480,8 +2486,113 @@ fn mma_warp(
         group,
         space: if sc.is_some() { "shared" } else { "global" },
         swaps,
+        sweep,
+        gen: deferred.then_some(gen),
     }
 }
+
+/// What the slots of a tile of C need: the lane's place, the epilogue swaps
+/// ([`epilogue_swap_table`]: the shifts of slot 0, the steps to slots 1..3), and where C
+/// (or its copy in shared memory, columns `ldc` apart) is.
+struct SlotGen {
+    gid: String,
+    tig: String,
+    shifts: [Option<String>; 2],
+    steps: [Offset; 4],
+    swaps: [Option<String>; 2],
+    ldc: usize,
+    sc: Option<String>,
+    c: String,
+}
+
+impl SlotGen {
+    /// A tile's four slots: address, guard and (`prefetch`) C's old value. `fixed`: the
+    /// row tile and (where known) the column tile, known here (column sweep): the guards
+    /// then only where the tile reaches past m or n, and a slot whose rows lie past m for
+    /// every lane is dead (None).
+    #[allow(clippy::too_many_arguments)]
+    fn slots(
+        &self,
+        asm: &mut Asm,
+        p: &ColMajorProblem,
+        epi: &Epilogue,
+        tmr: &str,
+        tnr: &str,
+        valid: &Option<String>,
+        hangs: &Option<String>,
+        prefetch: bool,
+        fixed: Option<(usize, Option<usize>)>,
+    ) -> Vec<Slot> {
+        let (gid, tig, ldc) = (&self.gid, &self.tig, self.ldc);
+        // c0, c1 at (row, col), (row, col + 1); c2, c3 eight rows down (slot 0 swapped
+        // to accumulator h: `shifts`).
+        let row = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {row}, {tmr}, 16, {gid}"));
+        let col = asm.reg(Kind::B32);
+        asm.op(format!("shl.b32 {col}, {tig}, 1"));
+        asm.op(format!("mad.lo.u32 {col}, {tnr}, 8, {col}"));
+        if let Some(sh) = &self.shifts[0] {
+            asm.op(format!("add.u32 {col}, {col}, {sh}"));
+        }
+        if let Some(sh) = &self.shifts[1] {
+            asm.op(format!("add.u32 {row}, {row}, {sh}"));
+        }
+        let off = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {off}, {col}, {ldc}, {row}"));
+        let cbase = match &self.sc {
+            Some(sc) => {
+                let r = asm.reg(Kind::B32);
+                asm.op(format!("mad.lo.u32 {r}, {off}, 2, {sc}"));
+                r
+            }
+            None => {
+                let off64 = asm.reg(Kind::B64);
+                asm.op(format!("mul.wide.u32 {off64}, {off}, 2"));
+                let cbase = asm.reg(Kind::B64);
+                asm.op(format!("add.u64 {cbase}, {}, {off64}", self.c));
+                cbase
+            }
+        };
+        let (rows_needed, cols_needed) = match fixed {
+            None => (p.m % 16 != 0, p.n % 8 != 0),
+            Some((tm, tn)) => (
+                16 * tm + 16 > p.m,
+                tn.map_or(p.n % 8 != 0, |tn| 8 * tn + 8 > p.n),
+            ),
+        };
+        let rp = swapped_below(asm, &row, 8, &self.swaps[1], p.m, rows_needed);
+        let cp = swapped_below(asm, &col, 1, &self.swaps[0], p.n, cols_needed);
+        let mut slots = Vec::new();
+        // A grouped tile past the last column tile: computed (on clamped B), never stored.
+        for i in 0..4 {
+            // Rows 8 (i / 2) on, in every lane where rows are not swapped.
+            let dead = fixed
+                .is_some_and(|(tm, _)| self.swaps[1].is_none() && 16 * tm + 8 * (i / 2) >= p.m);
+            if dead {
+                slots.push(None);
+                continue;
+            }
+            let pred = asm.and(rp[i / 2].clone(), cp[i % 2].clone());
+            let pred = asm.and(pred, hangs.clone());
+            let addr = SlotAddr {
+                base: cbase.clone(),
+                offset: self.steps[i].clone(),
+            };
+            let old = (prefetch && epi.beta != Scalar::Zero).then(|| {
+                // A tile past the last one must not read: its address may lie outside C.
+                let lp = asm.and(pred.clone(), valid.clone());
+                let addr = addr.operand(asm);
+                epi.load(asm, &addr, &lp, "global")
+            });
+            slots.push(Some((addr, pred, old)));
+        }
+        slots
+    }
+}
+
+/// A slot of a tile of C: its address, its guard and C's old value where prefetched; None
+/// where no lane stores it.
+type Slot = Option<(SlotAddr, Option<String>, Option<String>)>;
 
 /// `base + d < limit` and `base + delta < limit` with d = 0 (as predicates; None where
 /// not `needed`), in the other order where `swapped` holds: `base` is then already
@@ -2531,59 +2642,149 @@ fn mma_body(
     let w = s.warps as usize;
     let mt = p.m.div_ceil(shape.m as usize);
     let ks = p.k.div_ceil(shape.k as usize);
-    let reuse = w % mt == 0;
+    let reuse = w % mt == 0 && !mw.sweep;
     let (lane, gid, tig) = (&mw.lane, &mw.gid, &mw.tig);
-    // The k padding of a verbatim copy (`flat`): in the last k step, for the first and the
-    // second eight halves of k (h), whether each half of this lane's fragment word (k =
-    // 2 tig + 8 h + i) lies inside k; None where it does for every lane.
-    let mut padding: [[Option<String>; 2]; 2] = Default::default();
+    // Verbatim copies (`flat`): per operand, the order in which each lane loads the two
+    // halves of a fragment word (`fragment_swap_table`: against bank conflicts where k
+    // pairs are not adjacent), as a bit per lane, the byte offsets of the two loads and
+    // the `prmt` selector that puts the halves in k order.
+    let k_steps = [layout.a_col, layout.b_row];
+    let tables: [[usize; 4]; 2] = std::array::from_fn(|op| {
+        let (row, rows) = [(layout.a_row, &[0, 8][..]), (layout.b_col, &[0][..])][op];
+        if flat[op] {
+            fragment_swap_table(row, k_steps[op], rows)
+        } else {
+            [0; 4]
+        }
+    });
+    let swap_bits: [Option<String>; 2] = std::array::from_fn(|op| {
+        let table = tables[op];
+        (table != [0; 4]).then(|| {
+            let code: usize = table.iter().enumerate().map(|(t, h)| h << t).sum();
+            let x = asm.reg(Kind::B32);
+            asm.op(format!("shr.u32 {x}, {code}, {tig}"));
+            asm.op(format!("and.b32 {x}, {x}, 1"));
+            x
+        })
+    });
+    let sels: [Option<String>; 2] = std::array::from_fn(|op| {
+        swap_bits[op].as_ref().map(|x| {
+            // k first: bytes 0, 1 of the first load, then of the second (0x5410); k + 1
+            // first: the other way round (0x1054).
+            let sel = asm.reg(Kind::B32);
+            asm.op(format!("mul.lo.u32 {sel}, {x}, {}", 0x5410 ^ 0x1054));
+            asm.op(format!("xor.b32 {sel}, {sel}, {}", 0x5410));
+            sel
+        })
+    });
+    // The k padding of a verbatim copy (`flat`): in the last k step, for each operand, the
+    // first and the second eight halves of k (h) and each of a fragment word's two loads
+    // (j: the half k = 2 tig + 8 h + (j ^ table[tig])), which lanes load it: a prefix of
+    // the tigs (`Lanes::Some`: 2 tig below a limit), all or none.
+    let mut padding: [[[Lanes; 2]; 2]; 2] = Default::default();
     if flat.contains(&true) && p.k % 16 != 0 {
         let tig2 = asm.reg(Kind::B32);
         asm.op(format!("shl.b32 {tig2}, {tig}, 1"));
         let last_k = 16 * (ks - 1);
-        for (h, halves) in padding.iter_mut().enumerate() {
-            for (i, pred) in halves.iter_mut().enumerate() {
-                // Inside where 2 tig < limit; for every lane where the limit is 7 or more.
-                let limit = p.k.saturating_sub(last_k + 8 * h + i);
-                *pred = (limit < 7).then(|| asm.lt(&tig2, &limit.to_string()));
+        let mut preds: Vec<(usize, String)> = Vec::new();
+        for (table, per_op) in tables.iter().zip(padding.iter_mut()) {
+            for (h, per_half) in per_op.iter_mut().enumerate() {
+                for (j, lanes) in per_half.iter_mut().enumerate() {
+                    let limit = p.k.saturating_sub(last_k + 8 * h);
+                    // Lane t loads half 2 t + (0 or 1): the live lanes are a prefix.
+                    let live = (0..4).filter(|&t| 2 * t + (j ^ table[t]) < limit).count();
+                    *lanes = match live {
+                        0 => Lanes::None,
+                        4 => Lanes::All,
+                        _ => {
+                            let pred = match preds.iter().find(|(l, _)| *l == live) {
+                                Some((_, pred)) => pred.clone(),
+                                None => {
+                                    let pred = asm.lt(&tig2, &(2 * live).to_string());
+                                    preds.push((live, pred.clone()));
+                                    pred
+                                }
+                            };
+                            Lanes::Some(pred)
+                        }
+                    };
+                }
             }
         }
     }
-    // The predicates of a word of operand `op` (0: A, 1: B) at k step k, half h of k.
-    let halves_at = |op: usize, k: usize, h: usize| -> [Option<String>; 2] {
-        if flat[op] && k + 1 == ks {
-            padding[h].clone()
+    // The two loads of a word of operand `op` at k step k, half h of k, under the guard
+    // `edge` (the word's row of A or column of B inside m or n; None: everywhere).
+    let halves_at = |asm: &mut Asm, op: usize, k: usize, h: usize, edge: &Lanes| {
+        let edge = match edge {
+            Lanes::None => return [HalfLoad::Zero, HalfLoad::Zero],
+            Lanes::All => None,
+            Lanes::Some(pred) => Some(pred.clone()),
+        };
+        let kpad = if flat[op] && k + 1 == ks {
+            padding[op][h].clone()
         } else {
-            [None, None]
-        }
+            [Lanes::All, Lanes::All]
+        };
+        kpad.map(|lanes| match lanes {
+            Lanes::None => HalfLoad::Zero,
+            Lanes::All => HalfLoad::Load {
+                pred: edge.clone(),
+                zero: false,
+            },
+            Lanes::Some(pred) => HalfLoad::Load {
+                pred: asm.and(Some(pred), edge.clone()),
+                zero: true,
+            },
+        })
     };
     // A fragment word holds two halves adjacent in k: one 32-bit load where k is the
     // contiguous direction in shared memory, else two 16-bit loads packed. A verbatim copy
-    // (`flat`) may leave the pair unaligned: two 16-bit loads, each off where its half
-    // is past k (`halves`: the predicates of the two, None: inside).
+    // (`flat`) may leave the pair unaligned: two 16-bit loads (`halves`: each under its
+    // guard, or zero past k), the first from `bases[0]`, the second from `bases[1]` (in
+    // the order of the lane's `sel` where it has one: [`fragment_swap_table`]).
     let pair = |asm: &mut Asm,
-                base: &str,
+                bases: &[String; 2],
                 off: usize,
                 step: usize,
                 flat: bool,
-                halves: [Option<String>; 2]|
+                halves: [HalfLoad; 2],
+                sel: &Option<String>|
      -> String {
         let r = asm.reg(Kind::B32);
         if step == 1 && !flat {
-            asm.op(format!("ld.shared.b32 {r}, [{base}+{off}]"));
+            asm.op(format!("ld.shared.b32 {r}, [{}+{off}]", bases[0]));
+        } else if halves.iter().all(|h| matches!(h, HalfLoad::Zero)) {
+            asm.op(format!("mov.b32 {r}, 0"));
         } else {
-            let h = [asm.reg(Kind::B16), asm.reg(Kind::B16)];
-            for (i, (h, pred)) in h.iter().zip(&halves).enumerate() {
-                if pred.is_some() {
-                    asm.op(format!("mov.b16 {h}, 0"));
+            let (kind, ty) = match sel {
+                Some(_) => (Kind::B32, "u16"),
+                None => (Kind::B16, "b16"),
+            };
+            let x = [asm.reg(kind), asm.reg(kind)];
+            let mov = match sel {
+                Some(_) => "mov.b32",
+                None => "mov.b16",
+            };
+            for (i, (x, half)) in x.iter().zip(&halves).enumerate() {
+                match half {
+                    HalfLoad::Zero => asm.op(format!("{mov} {x}, 0")),
+                    HalfLoad::Load { pred, zero } => {
+                        if *zero {
+                            asm.op(format!("{mov} {x}, 0"));
+                        }
+                        asm.op(format!(
+                            "{}ld.shared.{ty} {x}, [{}+{}]",
+                            guard(pred),
+                            bases[i],
+                            off + 2 * step * i
+                        ));
+                    }
                 }
-                asm.op(format!(
-                    "{}ld.shared.b16 {h}, [{base}+{}]",
-                    guard(pred),
-                    off + 2 * step * i
-                ));
             }
-            asm.op(format!("mov.b32 {r}, {{{}, {}}}", h[0], h[1]));
+            match sel {
+                Some(sel) => asm.op(format!("prmt.b32 {r}, {}, {}, {sel}", x[0], x[1])),
+                None => asm.op(format!("mov.b32 {r}, {{{}, {}}}", x[0], x[1])),
+            }
         }
         r
     };
@@ -2625,55 +2826,135 @@ fn mma_body(
             lane_off(asm, layout.b_col, layout.b_row),
         )
     };
+    // A lane's offsets for the first and the second load of a word: with its halves in
+    // the other order (`swap_bits`), k + 1 first and k second.
+    let lane_pair = |asm: &mut Asm, lane: String, op: usize| -> [String; 2] {
+        match &swap_bits[op] {
+            None => [lane.clone(), lane],
+            Some(x) => {
+                let d = 2 * k_steps[op];
+                let first = asm.reg(Kind::B32);
+                asm.op(format!("mad.lo.u32 {first}, {x}, {d}, {lane}"));
+                let second = asm.reg(Kind::B32);
+                asm.op(format!("mul.lo.u32 {second}, {x}, {d}"));
+                asm.op(format!("sub.u32 {second}, {lane}, {second}"));
+                [first, second]
+            }
+        }
+    };
+    let a_lanes = lane_pair(asm, a_lane, 0);
+    let b_lanes = lane_pair(asm, b_lane, 1);
     let a_trans = if a_row == 1 { ".trans" } else { "" };
     let b_trans = if b_row == 1 { "" } else { ".trans" };
-    let load_a = |asm: &mut Asm, abase: &str, k: usize| -> [String; 4] {
+    // Rows of A past m (columns of B past n) in a verbatim copy: not loaded (what they
+    // would give reaches only rows (columns) of the product that are never stored). A:
+    // where the words of row tile `tm` (its least, where the warp's row tile is not known
+    // here) rows 8 r on lie past m; B: the lanes of a column tile that may reach past n.
+    let a_edge = |tm: usize| -> [Lanes; 2] {
+        std::array::from_fn(|r| {
+            if flat[0] && 16 * tm + 8 * r >= p.m {
+                Lanes::None
+            } else {
+                Lanes::All
+            }
+        })
+    };
+    let b_edge = |asm: &mut Asm, tile: &MmaTile| -> Lanes {
+        if !flat[1] || 8 * (tile.tn_max + 1) <= p.n {
+            return Lanes::All;
+        }
+        let col = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {col}, {}, 8, {gid}", tile.tnr));
+        Lanes::Some(asm.lt(&col, &p.n.to_string()))
+    };
+    // A last k step of at most 8 in verbatim copies: `mma.m16n8k8`, the fragments' first
+    // halves of k alone.
+    let narrow = |k: usize| flat.contains(&true) && k + 1 == ks && (1..=8).contains(&(p.k % 16));
+    let load_a = |asm: &mut Asm, abase: &[String; 2], edge: &[Lanes; 2], k: usize| -> Vec<String> {
         let kb = k * 16 * a_col * 2;
         if ldm {
-            let r: [String; 4] = std::array::from_fn(|_| asm.reg(Kind::B32));
+            let r: Vec<String> = (0..4).map(|_| asm.reg(Kind::B32)).collect();
             asm.op(format!(
-                "ldmatrix.sync.aligned.m8n8.x4{a_trans}.shared.b16 {{{}}}, [{abase}+{kb}]",
-                r.join(", ")
+                "ldmatrix.sync.aligned.m8n8.x4{a_trans}.shared.b16 {{{}}}, [{}+{kb}]",
+                r.join(", "),
+                abase[0]
             ));
             return r;
         }
         // {a0 a1}: (gid, 2tig), {a2 a3}: row + 8, {a4 a5}: k + 8, {a6 a7}: both.
         let offs = [
-            (kb, 0),
-            (kb + 8 * a_row * 2, 0),
-            (kb + 8 * a_col * 2, 1),
-            (kb + 8 * a_row * 2 + 8 * a_col * 2, 1),
+            (kb, 0, 0),
+            (kb + 8 * a_row * 2, 1, 0),
+            (kb + 8 * a_col * 2, 0, 1),
+            (kb + 8 * a_row * 2 + 8 * a_col * 2, 1, 1),
         ];
-        offs.map(|(o, h)| pair(asm, abase, o, a_col, flat[0], halves_at(0, k, h)))
+        let words = if narrow(k) { &offs[..2] } else { &offs[..] };
+        words
+            .iter()
+            .map(|&(o, r, h)| {
+                let halves = halves_at(asm, 0, k, h, &edge[r]);
+                pair(asm, abase, o, a_col, flat[0], halves, &sels[0])
+            })
+            .collect()
     };
-    let load_b = |asm: &mut Asm, bbase: &str, k: usize| -> [String; 2] {
+    let load_b = |asm: &mut Asm, bbase: &[String; 2], edge: &Lanes, k: usize| -> Vec<String> {
         let kb = k * 16 * b_row * 2;
         if ldm {
-            let r: [String; 2] = std::array::from_fn(|_| asm.reg(Kind::B32));
+            let r: Vec<String> = (0..2).map(|_| asm.reg(Kind::B32)).collect();
             asm.op(format!(
-                "ldmatrix.sync.aligned.m8n8.x2{b_trans}.shared.b16 {{{}}}, [{bbase}+{kb}]",
-                r.join(", ")
+                "ldmatrix.sync.aligned.m8n8.x2{b_trans}.shared.b16 {{{}}}, [{}+{kb}]",
+                r.join(", "),
+                bbase[0]
             ));
             return r;
         }
         // {b0 b1}: (2tig, gid), {b2 b3}: k + 8.
-        [(kb, 0), (kb + 8 * b_row * 2, 1)]
-            .map(|(o, h)| pair(asm, bbase, o, b_row, flat[1], halves_at(1, k, h)))
+        let words = if narrow(k) { 1 } else { 2 };
+        [(kb, 0), (kb + 8 * b_row * 2, 1)][..words]
+            .iter()
+            .map(|&(o, h)| {
+                let halves = halves_at(asm, 1, k, h, edge);
+                pair(asm, bbase, o, b_row, flat[1], halves, &sels[1])
+            })
+            .collect()
     };
-    let tile_base = |asm: &mut Asm, base: &str, t: &str, bytes: usize, lane: &str| -> String {
-        let r = asm.reg(Kind::B32);
-        asm.op(format!("mad.lo.u32 {r}, {t}, {bytes}, {base}"));
-        asm.op(format!("add.u32 {r}, {r}, {lane}"));
-        r
-    };
-    let mut fixed_a: Option<Vec<[String; 4]>> = None;
+    let tile_base =
+        |asm: &mut Asm, base: &str, t: &str, bytes: usize, lanes: &[String; 2]| -> [String; 2] {
+            let r = asm.reg(Kind::B32);
+            asm.op(format!("mad.lo.u32 {r}, {t}, {bytes}, {base}"));
+            if lanes[0] == lanes[1] {
+                asm.op(format!("add.u32 {r}, {r}, {}", lanes[0]));
+                return [r.clone(), r];
+            }
+            let second = asm.reg(Kind::B32);
+            asm.op(format!("add.u32 {second}, {r}, {}", lanes[1]));
+            asm.op(format!("add.u32 {r}, {r}, {}", lanes[0]));
+            [r, second]
+        };
+    let mut fixed_a: Option<Vec<Vec<String>>> = None;
     if reuse {
         let tmr = &mw.tiles[0].tmr;
-        let abase = tile_base(asm, sa, tmr, 16 * a_row * 2, &a_lane);
-        fixed_a = Some((0..ks).map(|k| load_a(asm, &abase, k)).collect());
+        let abase = tile_base(asm, sa, tmr, 16 * a_row * 2, &a_lanes);
+        let edge = a_edge(0);
+        fixed_a = Some((0..ks).map(|k| load_a(asm, &abase, &edge, k)).collect());
     }
+    // Column sweep: the A fragments of every row tile (tile i of the first group is row
+    // tile i), all loaded before any tile.
+    let rows_a: Vec<Vec<Vec<String>>> = if mw.sweep {
+        mw.tiles[..mt]
+            .iter()
+            .enumerate()
+            .map(|(i, tile)| {
+                let abase = tile_base(asm, sa, &tile.tmr, 16 * a_row * 2, &a_lanes);
+                let edge = a_edge(i);
+                (0..ks).map(|k| load_a(asm, &abase, &edge, k)).collect()
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     // (`c_over_a`: only with every warp's A fragments in registers.)
-    assert!(after_a.is_none() || reuse);
+    assert!(after_a.is_none() || reuse || mw.sweep);
     if let Some(f) = after_a {
         f(asm);
     }
@@ -2685,21 +2966,27 @@ fn mma_body(
             // Warp-uniform: every lane of the warp has the same tiles.
             asm.op(format!("@!{v} bra.uni {skip}"));
         }
-        let bbases: Vec<String> = tiles
+        // B's bases: one per tile, or one for the whole group (column sweep).
+        let b_tiles = if mw.sweep { &tiles[..1] } else { tiles };
+        let bbases: Vec<([String; 2], Lanes)> = b_tiles
             .iter()
             .enumerate()
             .map(|(j, tile)| {
-                if j > 0 && nt % mw.group != 0 {
+                let base = if j > 0 && nt % mw.group != 0 {
                     // Past the last column tile: B clamped inside its copy (never stored).
                     let t = asm.reg(Kind::B32);
                     asm.op(format!("min.u32 {t}, {}, {}", tile.tnr, nt - 1));
-                    tile_base(asm, sb, &t, 8 * b_col * 2, &b_lane)
+                    tile_base(asm, sb, &t, 8 * b_col * 2, &b_lanes)
                 } else {
-                    tile_base(asm, sb, &tile.tnr, 8 * b_col * 2, &b_lane)
-                }
+                    tile_base(asm, sb, &tile.tnr, 8 * b_col * 2, &b_lanes)
+                };
+                (base, b_edge(asm, tile))
             })
             .collect();
-        let abase = (!reuse).then(|| tile_base(asm, sa, &tiles[0].tmr, 16 * a_row * 2, &a_lane));
+        let abase = (!reuse && !mw.sweep).then(|| {
+            let base = tile_base(asm, sa, &tiles[0].tmr, 16 * a_row * 2, &a_lanes);
+            (base, a_edge(0))
+        });
         let accs: Vec<[String; 4]> = tiles
             .iter()
             .map(|_| std::array::from_fn(|_| asm.reg(Kind::F32)))
@@ -2707,24 +2994,62 @@ fn mma_body(
         for r in accs.iter().flatten() {
             asm.op(format!("mov.f32 {r}, 0f00000000"));
         }
+        let mma = |asm: &mut Asm, acc: &[String; 4], a: &[String], b: &[String]| {
+            let d = acc.join(", ");
+            let kk = 8 * b.len();
+            asm.op(format!(
+                "mma.sync.aligned.m16n8k{kk}.row.col.f32.f16.f16.f32 {{{d}}}, {{{}}}, {{{}}}, {{{d}}}",
+                a.join(", "),
+                b.join(", ")
+            ));
+        };
         for k in 0..ks {
+            if mw.sweep {
+                let (bbase, edge) = &bbases[0];
+                let b = load_b(asm, bbase, edge, k);
+                for (acc, a) in accs.iter().zip(&rows_a) {
+                    mma(asm, acc, &a[k], &b);
+                }
+                continue;
+            }
             let a = match (&abase, &fixed_a) {
-                (Some(base), _) => load_a(asm, base, k),
+                (Some((base, edge)), _) => load_a(asm, base, edge, k),
                 (None, Some(frags)) => frags[k].clone(),
-                (None, None) => load_a(asm, sa, k),
+                (None, None) => unreachable!("A's fragments: loaded per tile or per warp"),
             };
-            for (acc, bbase) in accs.iter().zip(&bbases) {
-                let [b0, b1] = load_b(asm, bbase, k);
-                let d = acc.join(", ");
-                asm.op(format!(
-                    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{d}}}, {{{}}}, {{{b0}, {b1}}}, {{{d}}}",
-                    a.join(", ")
-                ));
+            for (acc, (bbase, edge)) in accs.iter().zip(&bbases) {
+                let b = load_b(asm, bbase, edge, k);
+                mma(asm, acc, &a, &b);
             }
         }
-        for (acc, tile) in accs.iter().zip(tiles) {
+        for (i, (acc, tile)) in accs.iter().zip(tiles).enumerate() {
+            let late;
+            let slots = match &mw.gen {
+                // Column sweep: row tile i, column tile q where one warp takes them all.
+                Some(gen) => {
+                    let tn = (w == 1).then_some(q);
+                    let fixed = Some((i, tn));
+                    let (tmr, tnr) = (&tile.tmr, &tile.tnr);
+                    late = gen.slots(
+                        asm,
+                        p,
+                        epi,
+                        tmr,
+                        tnr,
+                        &tile.valid,
+                        &tile.hangs,
+                        false,
+                        fixed,
+                    );
+                    &late
+                }
+                None => &tile.slots,
+            };
             let acc = swapped(asm, acc, &mw.swaps);
-            for (v, (addr, pred, old)) in acc.iter().zip(&tile.slots) {
+            for (v, slot) in acc.iter().zip(slots) {
+                let Some((addr, pred, old)) = slot else {
+                    continue;
+                };
                 let addr = addr.operand(asm);
                 epi.store(asm, v, &addr, pred, old.as_deref(), mw.space);
             }
@@ -2733,6 +3058,70 @@ fn mma_body(
             asm.place(&skip);
         }
     }
+}
+
+/// Which lanes of a warp load one half of a fragment word in the last k step: those of
+/// `tig` below a limit (the predicate), all, or none (the half is past k for every lane).
+#[derive(Clone, Default)]
+enum Lanes {
+    #[default]
+    All,
+    Some(String),
+    None,
+}
+
+/// One of the two 16-bit loads of a fragment word from a verbatim copy: zero (past k in
+/// every lane), or a load under `pred`, zero first where `zero` (past k in some lanes).
+enum HalfLoad {
+    Zero,
+    Load { pred: Option<String>, zero: bool },
+}
+
+/// The order in which lane (gid, tig) loads the two halves of each fragment word from a
+/// verbatim copy (`flat_fragments`) whose k pairs lie `step` halves apart and whose rows
+/// (A) or columns (B) lie `row` halves apart, at the row offsets `rows` (A: 0 and 8; B:
+/// 0): with `table[tig]` 1, k + 1 first. Where the pairs are not adjacent (A not
+/// transposed: `step` = m) the lanes of one load fall into few banks: m = 17, 4 tigs' k
+/// 34 halves (17 words) apart, two words a bank, where tigs 1 and 2 taking k + 1 first
+/// spread them over distinct banks. The table with the fewest bank conflicts over the
+/// copy's eight alignments (tig 0 in the plain order: the reverse of a table conflicts
+/// alike); all zeros unless another is strictly better.
+fn fragment_swap_table(row: usize, step: usize, rows: &[usize]) -> [usize; 4] {
+    let cost = |table: [usize; 4]| -> usize { fragment_degrees(row, step, rows, table).sum() };
+    let mut best = [0; 4];
+    let mut best_cost = cost(best);
+    for code in 1..8usize {
+        let table = [0, code & 1, (code >> 1) & 1, code >> 2];
+        let c = cost(table);
+        if c < best_cost {
+            best = table;
+            best_cost = c;
+        }
+    }
+    best
+}
+
+/// The bank conflict degree of each 16-bit fragment load of a full k step (rows `rows`,
+/// the two halves of k, both loads of a word) under `table` ([`fragment_swap_table`]),
+/// for each of the verbatim copy's eight alignments.
+fn fragment_degrees<'a>(
+    row: usize,
+    step: usize,
+    rows: &'a [usize],
+    table: [usize; 4],
+) -> impl Iterator<Item = usize> + 'a {
+    (0..8).flat_map(move |base| {
+        rows.iter().flat_map(move |&r| {
+            (0..4).map(move |hj| {
+                let (h, j) = (hj >> 1, hj & 1);
+                bank_degree(32, 2, |lane| {
+                    let (gid, tig) = (lane / 4, lane % 4);
+                    let k = 2 * tig + 8 * h + (j ^ table[tig]);
+                    2 * (base + row * (gid + r) + step * k)
+                })
+            })
+        })
+    })
 }
 
 /// A tile's accumulators in this lane's slot order ([`MmaWarp::swaps`]): slot e holds

@@ -161,8 +161,9 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
         ""
     };
     let sw = if s.epilogue_swaps_apply() { "_sw" } else { "" };
+    let cs = if s.column_sweep_apply() { "_cs" } else { "" };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}",
         spec.name(),
         kind.suffix(),
         s.tba

@@ -64,7 +64,8 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`), A and
 /// B copied verbatim with 16-bit fragment loads (`flat_fragments`), the verbatim copies
 /// through `cp.async` (`async_copies`), A and B realigned in shared memory
-/// (`realign_in_shared`), and the epilogue's lanes in swapped order (`epilogue_swaps`).
+/// (`realign_in_shared`), the epilogue's lanes in swapped order (`epilogue_swaps`), and
+/// whole columns of tiles a warp (`column_sweep`).
 fn mma_variants() -> Vec<GpuSchedule> {
     let mut out = Vec::new();
     for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
@@ -110,6 +111,15 @@ fn mma_variants() -> Vec<GpuSchedule> {
                             });
                         }
                     }
+                    if warps < 8 && !prefetch_c {
+                        // Column sweep: whole columns of tiles a warp, every row tile's A
+                        // fragments held (with flat fragments below).
+                        out.push(GpuSchedule {
+                            stage,
+                            column_sweep: true,
+                            ..GpuSchedule::mma(warps, tba, ldmatrix)
+                        });
+                    }
                     if !ldmatrix && stage != Staging::Padded {
                         // A and B verbatim, fragments by 16-bit loads; their copies (and
                         // C's under `FlatC`) also through `cp.async`.
@@ -119,6 +129,16 @@ fn mma_variants() -> Vec<GpuSchedule> {
                                 prefetch_c,
                                 flat_fragments: true,
                                 async_copies,
+                                ..GpuSchedule::mma(warps, tba, ldmatrix)
+                            });
+                        }
+                        if warps < 8 {
+                            out.push(GpuSchedule {
+                                stage,
+                                prefetch_c,
+                                flat_fragments: true,
+                                async_copies: true,
+                                column_sweep: true,
                                 ..GpuSchedule::mma(warps, tba, ldmatrix)
                             });
                         }

@@ -252,6 +252,15 @@ pub struct GpuSchedule {
     /// the plain order has no conflicts (docs/gpu-notes.md, version 18).
     #[serde(default)]
     pub epilogue_swaps: bool,
+    /// Tensor-core kernels: each warp takes whole columns of tiles (column tiles w, w +
+    /// warps, ..., every row tile of each), holding the A fragments of every row tile in
+    /// registers for all k steps, and loads each B fragment once for all the row tiles of
+    /// its column instead of once per tile. Where the row tiles are few (m up to 32) one
+    /// warp per problem then reads B once, not once per row tile, and the rows of A past
+    /// m are known to the code generator (not loaded where a whole fragment word lies
+    /// past m). Ignored elsewhere (docs/gpu-notes.md, version 19).
+    #[serde(default)]
+    pub column_sweep: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -329,6 +338,7 @@ impl GpuSchedule {
             async_copies: false,
             realign_in_shared: false,
             epilogue_swaps: false,
+            column_sweep: false,
         }
     }
 
@@ -354,6 +364,7 @@ impl GpuSchedule {
             async_copies: false,
             realign_in_shared: false,
             epilogue_swaps: false,
+            column_sweep: false,
         }
     }
 
@@ -366,7 +377,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -400,7 +411,8 @@ impl GpuSchedule {
                     " sw"
                 } else {
                     ""
-                }
+                },
+                if self.column_sweep_apply() { " cs" } else { "" }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}",
@@ -435,6 +447,11 @@ impl GpuSchedule {
     /// through shared memory.
     pub fn epilogue_swaps_apply(&self) -> bool {
         self.epilogue_swaps && self.mma.is_some() && self.stage == Staging::FlatC
+    }
+
+    /// Whether `column_sweep` takes effect: tensor-core kernels.
+    pub fn column_sweep_apply(&self) -> bool {
+        self.column_sweep && self.mma.is_some()
     }
 
     /// Whether `realign_in_shared` takes effect (the batch form, the sizes and the slots
@@ -817,6 +834,16 @@ const H100_F16_REALIGNED: [(usize, u32, Mma, u32, u32, bool); 87] = [
     (127, 8, FlatC, 0, 0, true),
 ];
 
+/// Tensor-core defaults of version 19 (docs/gpu-notes.md): one warp a problem sweeping
+/// whole columns of tiles (`column_sweep`: B's fragments read once for both row tiles,
+/// A's held for every k step), the rest of the schedule as planned above. From `tune
+/// --schedules` on an H100 (GFLOP/s, planned -> swept): 17 10444 -> 11605 (8 problems a
+/// block) -> 12089 (and no register cap: 1 block per SM for ptxas), 18 11344 -> 12336 ->
+/// 12963 (8 problems, no cap), 21 14588 -> 15139 (8 problems); at 19, 20 and 23 within
+/// 2%, at 25 and 33 it lost (2 warps, 2 problems: 17700 -> 11460; 3 warps: 21600 ->
+/// 5253). (n, problems per block, blocks per SM for ptxas).
+const H100_F16_COLUMN_SWEEP: [(usize, u32, u32); 3] = [(17, 8, 1), (18, 8, 1), (21, 8, 0)];
+
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
 /// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`); or `ldmatrix` with C
 /// through shared memory and flat A and B (`FlatC`: `Staging::FlatC`, no prefetch).
@@ -954,6 +981,14 @@ pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, 
             ..s
         }
     };
+    if let Some(&(_, tba, min_blocks)) = H100_F16_COLUMN_SWEEP.iter().find(|e| e.0 == big) {
+        if s.mma.is_some() {
+            s.warps = 1;
+            s.tba = tba;
+            s.min_blocks = min_blocks;
+            s.column_sweep = true;
+        }
+    }
     // Shrink tba until the block fits (shared memory of large k, say).
     while s.tba > 1 && s.validate(p, target).is_err() {
         s.tba -= 1;

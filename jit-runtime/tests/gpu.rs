@@ -727,6 +727,42 @@ fn f16_c_over_a_matches() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The f16 specs of the schedule-flag tests, one for each m of `ms` (index i): squares every
+/// third, else n and k off the tile multiples (partial row and column tiles); transposes,
+/// alpha and beta of each kind in turn (beta 0 with NaN in C).
+fn f16_flag_cases(ms: impl Iterator<Item = usize>) -> Vec<(usize, GemmSpec)> {
+    let trans = [Trans::N, Trans::T];
+    let alphas = [
+        Scalar::fixed(1.5).unwrap(),
+        Scalar::MinusOne,
+        Scalar::Runtime,
+        Scalar::One,
+    ];
+    let betas = [
+        Scalar::Zero,
+        Scalar::fixed(0.5).unwrap(),
+        Scalar::Runtime,
+        Scalar::One,
+    ];
+    ms.enumerate()
+        .map(|(i, m)| {
+            let (n, k) = if i % 3 == 0 {
+                (m, m)
+            } else {
+                (9 + (m * 7) % 119, 5 + (m * 3) % 123)
+            };
+            let spec = GemmSpec::builder(Dtype::F16, m, n, k)
+                .trans_a(trans[i % 2])
+                .trans_b(trans[(i / 2) % 2])
+                .alpha(alphas[i % 4])
+                .beta(betas[(i / 4) % 4])
+                .build()
+                .unwrap();
+            (i, spec)
+        })
+        .collect()
+}
+
 /// The epilogue's lanes in swapped order (`GpuSchedule::epilogue_swaps`) at every odd m
 /// from 17 to 127 (C's verbatim copy: each leading dimension mod 32 has its own order):
 /// the planned schedule with the flag, and `FlatC` with 2 warps in groups of 3 and 2
@@ -741,33 +777,8 @@ fn f16_epilogue_swaps_match() {
     };
     let mut failures = Vec::new();
     let mut count = 0;
-    let trans = [Trans::N, Trans::T];
-    let alphas = [
-        Scalar::fixed(1.5).unwrap(),
-        Scalar::MinusOne,
-        Scalar::Runtime,
-        Scalar::One,
-    ];
-    let betas = [
-        Scalar::Zero,
-        Scalar::fixed(0.5).unwrap(),
-        Scalar::Runtime,
-        Scalar::One,
-    ];
-    for (i, m) in (17..=127usize).step_by(2).enumerate() {
-        // Squares every third size; else n and k off the tile multiples.
-        let (n, k) = if i % 3 == 0 {
-            (m, m)
-        } else {
-            (9 + (m * 7) % 119, 5 + (m * 3) % 123)
-        };
-        let spec = GemmSpec::builder(Dtype::F16, m, n, k)
-            .trans_a(trans[i % 2])
-            .trans_b(trans[(i / 2) % 2])
-            .alpha(alphas[i % 4])
-            .beta(betas[(i / 4) % 4])
-            .build()
-            .unwrap();
+    for (i, spec) in f16_flag_cases((17..=127usize).step_by(2)) {
+        let m = spec.m();
         let p = spec.col_major();
         let planned = smallgemm_ir::plan_gpu(&p, gpu.target()).unwrap();
         let flatc = |warps, tba, mma_group, flat_fragments| GpuSchedule {
@@ -796,6 +807,60 @@ fn f16_epilogue_swaps_match() {
     }
     println!(
         "{count} f16 epilogue_swaps kernels checked, {} failed",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Column sweep (`GpuSchedule::column_sweep`): each warp takes whole columns of tiles with
+/// every row tile's A fragments held for all k steps. Sizes 9 to 64 and a few above; the
+/// planned schedule, it with 1, 2 and 4 warps and 2 problems per block, with and without
+/// the C prefetch and flat fragments; n and k off the tile multiples, every transpose,
+/// alpha and beta of each kind, beta 0 with NaN in C.
+#[test]
+fn f16_column_sweep_matches() {
+    let Some(gpu) = gpu("f16_column_sweep") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for (i, spec) in f16_flag_cases((9..=64usize).chain([65, 80, 97, 128])) {
+        let m = spec.m();
+        let p = spec.col_major();
+        let planned = smallgemm_ir::plan_gpu(&p, gpu.target()).unwrap();
+        let mut variants = vec![planned];
+        for (warps, tba) in [(1, 1), (2, 2), (4, 1)] {
+            for (stage, prefetch_c, flat_fragments) in [
+                (Staging::FlatC, false, false),
+                (Staging::FlatC, false, true),
+                (Staging::Flat, true, false),
+                (Staging::Padded, false, false),
+            ] {
+                variants.push(GpuSchedule {
+                    stage,
+                    prefetch_c,
+                    flat_fragments,
+                    epilogue_swaps: m % 2 == 1,
+                    ..GpuSchedule::mma(warps, tba, !flat_fragments)
+                });
+            }
+        }
+        for v in variants {
+            let s = GpuSchedule {
+                column_sweep: true,
+                ..v
+            };
+            if !s.column_sweep_apply() || s.validate(&p, gpu.target()).is_err() {
+                continue;
+            }
+            count += 1;
+            if let Err(e) = run_f16_with(&gpu, &spec, 3700 + (i * 13 + count) as u64, Some(&s)) {
+                failures.push(format!("{}x{}x{} {s:?}: {e}", m, spec.n(), spec.k()));
+            }
+        }
+    }
+    println!(
+        "{count} f16 column_sweep kernels checked, {} failed",
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
