@@ -14,8 +14,9 @@ mod emu;
 use common::{merge, Case, Coverage};
 use smallgemm_codegen_x86::CallConv;
 use smallgemm_ir::reference::{
-    lane_packed_specs, padded_spec, rectangular_cases, square_cases, variant_cases, MatrixCase,
-    MATRIX_ALPHAS, MATRIX_BATCHES, MATRIX_BETAS, MATRIX_TRANS,
+    dot_tail_cases, dot_tail_schedules, lane_packed_specs, padded_spec, rectangular_cases,
+    square_cases, variant_cases, MatrixCase, MATRIX_ALPHAS, MATRIX_BATCHES, MATRIX_BETAS,
+    MATRIX_TRANS,
 };
 use smallgemm_ir::{Dtype, GemmSpec, Layout, Scalar, Schedule, Target, Trans};
 
@@ -247,68 +248,18 @@ fn pointer_arrays() {
 /// form; every alpha and beta kind, A transposed or not, padding.
 #[test]
 fn dot_product_tails() {
-    let cases = [
-        (Dtype::F64, 9, 9, 9),
-        (Dtype::F64, 17, 17, 17),
-        (Dtype::F64, 25, 30, 12),
-        (Dtype::F64, 1, 9, 20),
-        (Dtype::F32, 17, 17, 17),
-        (Dtype::F32, 17, 33, 21),
-        (Dtype::F32, 33, 5, 16),
-        (Dtype::F32, 1, 17, 15),
-    ];
-    let scalars = MATRIX_ALPHAS
-        .into_iter()
-        .flat_map(|alpha| MATRIX_BETAS.map(|beta| (alpha, beta)))
-        .chain([(Scalar::fixed(2.5).unwrap(), Scalar::MinusOne)]);
-    let looped = Schedule {
-        m_vectors: 1,
-        n_cols: 3,
-        k_unroll: 4,
-        unroll_m_blocks: false,
-        unroll_n_blocks: false,
-        vector_bytes: 0,
-        batch_unroll: 2,
-        prefetch: true,
-        split_tail: false,
-        interleave: false,
-        lane_pack: false,
-        dot_tail: true,
-        b_resident: false,
-    };
     let mut runner = Runner::default();
-    let mut seed = 150_000;
-    for (i, (alpha, beta)) in scalars.enumerate() {
-        for (dtype, m, n, k) in cases {
-            seed += 1;
-            let trans = [(Trans::N, Trans::N), (Trans::T, Trans::N)][i % 2];
-            let spec = padded_spec(
-                dtype,
-                Layout::ColMajor,
-                (m, n, k),
-                trans,
-                alpha,
-                beta,
-                i % 3,
-            );
-            let batch = MATRIX_BATCHES[i % MATRIX_BATCHES.len()];
-            let planned = |target| {
-                let (planned, _) = smallgemm_ir::compile_program(&spec, target, None).unwrap();
-                Schedule {
-                    dot_tail: true,
-                    lane_pack: false,
-                    vector_bytes: 0,
-                    m_vectors: planned.m_vectors.max(1),
-                    n_cols: planned.n_cols.max(1),
-                    ..planned
-                }
-            };
+    for case in dot_tail_cases() {
+        let schedules = |target| {
+            let (planned, _) = smallgemm_ir::compile_program(&case.spec, target, None).unwrap();
+            dot_tail_schedules(planned)
+        };
+        for i in 0..2 {
             runner.run(
-                |t| Some(Case::new(spec, t).schedule(planned(t))),
-                batch,
-                seed,
+                |t| Some(Case::new(case.spec, t).schedule(schedules(t)[i])),
+                case.batch,
+                case.seed,
             );
-            runner.run(|t| Some(Case::new(spec, t).schedule(looped)), batch, seed);
         }
     }
     runner.finish(

@@ -3,6 +3,7 @@
 //! and the gaps between batch entries), and NaN in C when beta = 0.
 
 use crate::element::Element;
+use crate::schedule::Schedule;
 use crate::spec::{BatchForm, Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
 
 /// Sentinel written everywhere in C's buffer that the GEMM must not touch.
@@ -458,6 +459,81 @@ pub fn variant_cases() -> Vec<MatrixCase> {
         }
     }
     cases
+}
+
+/// The cases dot-product tails (`Schedule::dot_tail`) are checked on: m one more than a
+/// multiple of the lanes (m = 1 too), k below, at and past a vector, n past the lanes, each
+/// alpha/beta kind and one fixed pair, A transposed or not in turn, the paddings and batch
+/// lengths in turn; column-major.
+pub fn dot_tail_cases() -> Vec<MatrixCase> {
+    let shapes = [
+        (Dtype::F64, 9, 9, 9),
+        (Dtype::F64, 17, 17, 17),
+        (Dtype::F64, 25, 30, 12),
+        (Dtype::F64, 1, 9, 20),
+        (Dtype::F32, 17, 17, 17),
+        (Dtype::F32, 17, 33, 21),
+        (Dtype::F32, 33, 5, 16),
+        (Dtype::F32, 1, 17, 15),
+    ];
+    let scalars = MATRIX_ALPHAS
+        .into_iter()
+        .flat_map(|alpha| MATRIX_BETAS.map(|beta| (alpha, beta)))
+        .chain([(
+            Scalar::fixed(2.5).expect("a finite value"),
+            Scalar::MinusOne,
+        )]);
+    let mut cases = Vec::new();
+    let mut seed = 150_000;
+    for (i, (alpha, beta)) in scalars.enumerate() {
+        for (dtype, m, n, k) in shapes {
+            seed += 1;
+            let trans = [(Trans::N, Trans::N), (Trans::T, Trans::N)][i % 2];
+            cases.push(MatrixCase {
+                spec: padded_spec(
+                    dtype,
+                    Layout::ColMajor,
+                    (m, n, k),
+                    trans,
+                    alpha,
+                    beta,
+                    i % 3,
+                ),
+                batch: MATRIX_BATCHES[i % MATRIX_BATCHES.len()],
+                seed,
+            });
+        }
+    }
+    cases
+}
+
+/// The two schedules a dot-tail case runs under: `planned` (the target's plan for it) with
+/// a dot-product tail and plain vectors, and a looped, batch-unrolled, prefetching form.
+pub fn dot_tail_schedules(planned: Schedule) -> [Schedule; 2] {
+    let with_tail = Schedule {
+        dot_tail: true,
+        lane_pack: false,
+        vector_bytes: 0,
+        m_vectors: planned.m_vectors.max(1),
+        n_cols: planned.n_cols.max(1),
+        ..planned
+    };
+    let looped = Schedule {
+        m_vectors: 1,
+        n_cols: 3,
+        k_unroll: 4,
+        unroll_m_blocks: false,
+        unroll_n_blocks: false,
+        vector_bytes: 0,
+        batch_unroll: 2,
+        prefetch: true,
+        split_tail: false,
+        interleave: false,
+        lane_pack: false,
+        dot_tail: true,
+        b_resident: false,
+    };
+    [with_tail, looped]
 }
 
 /// The specs lane-packed kernels are checked on (2x2x2, 3x3x3 and 4x4xk): each dtype and

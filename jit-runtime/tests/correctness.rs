@@ -6,8 +6,9 @@ mod common;
 
 use smallgemm::{Dtype, GemmSpec, Isa, Jit, Layout, Operand, Scalar, Schedule, Target, Trans};
 use smallgemm_ir::reference::{
-    lane_packed_specs, padded_spec, rectangular_cases, rectangular_shapes, square_cases,
-    variant_cases, MatrixCase, MATRIX_ALPHAS, MATRIX_BATCHES, MATRIX_BETAS, MATRIX_TRANS,
+    dot_tail_cases, dot_tail_schedules, lane_packed_specs, padded_spec, rectangular_cases,
+    rectangular_shapes, square_cases, variant_cases, MatrixCase, MATRIX_ALPHAS, MATRIX_BATCHES,
+    MATRIX_BETAS, MATRIX_TRANS,
 };
 
 fn jit(isa: Isa) -> Option<Jit> {
@@ -360,64 +361,12 @@ fn b_resident_blocks_avx2() {
 #[test]
 fn dot_product_tails_avx512() {
     let Some(jit) = jit(Isa::Avx512) else { return };
-    let cases = [
-        (Dtype::F64, 9, 9, 9),
-        (Dtype::F64, 17, 17, 17),
-        (Dtype::F64, 25, 30, 12),
-        (Dtype::F64, 1, 9, 20),
-        (Dtype::F32, 17, 17, 17),
-        (Dtype::F32, 17, 33, 21),
-        (Dtype::F32, 33, 5, 16),
-        (Dtype::F32, 1, 17, 15),
-    ];
-    let scalars = MATRIX_ALPHAS
-        .into_iter()
-        .flat_map(|alpha| MATRIX_BETAS.map(|beta| (alpha, beta)))
-        .chain([(Scalar::fixed(2.5).unwrap(), Scalar::MinusOne)]);
-    let mut seed = 150_000;
-    for (i, (alpha, beta)) in scalars.enumerate() {
-        for (dtype, m, n, k) in cases {
-            seed += 1;
-            let trans = [(Trans::N, Trans::N), (Trans::T, Trans::N)][i % 2];
-            let spec = padded_spec(
-                dtype,
-                Layout::ColMajor,
-                (m, n, k),
-                trans,
-                alpha,
-                beta,
-                i % 3,
-            );
-            let planned = smallgemm::generate(&spec, jit.target(), None)
-                .unwrap()
-                .schedule;
-            let looped = Schedule {
-                m_vectors: 1,
-                n_cols: 3,
-                k_unroll: 4,
-                unroll_m_blocks: false,
-                unroll_n_blocks: false,
-                vector_bytes: 0,
-                batch_unroll: 2,
-                prefetch: true,
-                split_tail: false,
-                interleave: false,
-                lane_pack: false,
-                dot_tail: true,
-                b_resident: false,
-            };
-            let planned = Schedule {
-                dot_tail: true,
-                lane_pack: false,
-                vector_bytes: 0,
-                m_vectors: planned.m_vectors.max(1),
-                n_cols: planned.n_cols.max(1),
-                ..planned
-            };
-            let batch = MATRIX_BATCHES[i % MATRIX_BATCHES.len()];
-            for s in [planned, looped] {
-                common::check_schedule(&jit, &spec, Some(&s), batch, seed);
-            }
+    for case in dot_tail_cases() {
+        let planned = smallgemm::generate(&case.spec, jit.target(), None)
+            .unwrap()
+            .schedule;
+        for s in dot_tail_schedules(planned) {
+            common::check_schedule(&jit, &case.spec, Some(&s), case.batch, case.seed);
         }
     }
 }
