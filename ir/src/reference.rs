@@ -372,6 +372,30 @@ pub const MATRIX_TRANS: [(Trans, Trans); 4] = [
 /// Batch lengths that are not multiples of any chunk size.
 pub const MATRIX_BATCHES: [usize; 4] = [1, 3, 7, 13];
 
+/// `values` as the little-endian bytes of their element type (an emulator's memory).
+pub fn to_le_bytes<T: Element>(values: &[T]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() * T::DTYPE.size());
+    for v in values {
+        match T::DTYPE {
+            Dtype::F64 => out.extend_from_slice(&v.bits().to_le_bytes()),
+            _ => out.extend_from_slice(&(v.bits() as u32).to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// The elements whose little-endian bytes `bytes` holds (the reverse of [`to_le_bytes`]).
+pub fn from_le_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
+    let size = T::DTYPE.size();
+    bytes
+        .chunks_exact(size)
+        .map(|c| match T::DTYPE {
+            Dtype::F64 => T::from_f64(f64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            _ => T::from_f64(f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64),
+        })
+        .collect()
+}
+
 /// One case of a correctness matrix: the spec, the batch length to run it on and the seed
 /// of its data.
 #[derive(Clone, Copy, Debug)]

@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use smallgemm_ir::reference::TestData;
+use smallgemm_ir::reference::{from_le_bytes, to_le_bytes, TestData};
 use smallgemm_ir::{
     compile_program, interpret, interpret_pointer_arrays, BatchForm, Dtype, Element, GemmSpec,
     Param, Program, Target,
@@ -47,30 +47,6 @@ fn s(n: u8) -> i32 {
     RegisterARM64::S0 as i32 + n as i32
 }
 
-fn to_bytes<T: Element>(values: &[T]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(values.len() * 8);
-    for v in values {
-        match T::DTYPE {
-            Dtype::F64 => out.extend_from_slice(&v.bits().to_le_bytes()),
-            _ => out.extend_from_slice(&(v.bits() as u32).to_le_bytes()),
-        }
-    }
-    out
-}
-
-fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
-    match T::DTYPE {
-        Dtype::F64 => bytes
-            .chunks(8)
-            .map(|c| T::from_f64(f64::from_le_bytes(c.try_into().unwrap())))
-            .collect(),
-        _ => bytes
-            .chunks(4)
-            .map(|c| T::from_f64(f32::from_le_bytes(c.try_into().unwrap()) as f64))
-            .collect(),
-    }
-}
-
 /// Runs `code` as `kernel(a, b, c, batch, params...)` in the emulator; `c` is updated.
 /// With `pointers` (element offsets of each matrix in a, b, c) the kernel gets arrays of
 /// the matrices' addresses instead (pointer-array batches).
@@ -93,7 +69,7 @@ pub fn run_emulated<T: Element>(
         .map_err(|e| err("map return", e))?;
     emu.mem_map(STACK_TOP - STACK_SIZE, STACK_SIZE, Prot::READ | Prot::WRITE)
         .map_err(|e| err("map stack", e))?;
-    let buffers = [to_bytes(a), to_bytes(b), to_bytes(c)];
+    let buffers = [to_le_bytes(a), to_le_bytes(b), to_le_bytes(c)];
     let mut starts = [0u64; 3];
     for (i, bytes) in buffers.iter().enumerate() {
         let size = pages(bytes.len() as u64);
@@ -179,7 +155,7 @@ pub fn run_emulated<T: Element>(
     let mut out = vec![0u8; buffers[2].len()];
     emu.mem_read(starts[2], &mut out)
         .map_err(|e| err("read C", e))?;
-    c.copy_from_slice(&from_bytes::<T>(&out));
+    c.copy_from_slice(&from_le_bytes::<T>(&out));
     Ok(())
 }
 

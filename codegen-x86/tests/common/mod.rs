@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use smallgemm_codegen_x86::CallConv;
-use smallgemm_ir::reference::TestData;
+use smallgemm_ir::reference::{from_le_bytes, to_le_bytes, TestData};
 use smallgemm_ir::{
     compile_program, interpret, interpret_pointer_arrays, BatchForm, Dtype, Element, GemmSpec,
     MachineCode, Param, Program, Schedule, Target,
@@ -39,30 +39,6 @@ pub type Coverage = BTreeMap<String, u64>;
 pub fn merge(into: &mut Coverage, trace: &Trace) {
     for (form, n) in &trace.forms {
         *into.entry(form.clone()).or_insert(0) += n;
-    }
-}
-
-fn to_bytes<T: Element>(values: &[T]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(values.len() * 8);
-    for v in values {
-        match T::DTYPE {
-            Dtype::F64 => out.extend_from_slice(&v.bits().to_le_bytes()),
-            _ => out.extend_from_slice(&(v.bits() as u32).to_le_bytes()),
-        }
-    }
-    out
-}
-
-fn from_bytes<T: Element>(bytes: &[u8]) -> Vec<T> {
-    match T::DTYPE {
-        Dtype::F64 => bytes
-            .chunks(8)
-            .map(|c| T::from_f64(f64::from_le_bytes(c.try_into().unwrap())))
-            .collect(),
-        _ => bytes
-            .chunks(4)
-            .map(|c| T::from_f64(f32::from_le_bytes(c.try_into().unwrap()) as f64))
-            .collect(),
     }
 }
 
@@ -112,7 +88,11 @@ pub fn run_emulated<T: Element>(call: Call<'_, T>) -> Result<Trace, String> {
     // Each operand fills its region, ending at a page boundary, or starting aligned when the
     // kernel needs C aligned.
     let names = ["A", "B", "C"];
-    let buffers = [to_bytes(call.a), to_bytes(call.b), to_bytes(call.c)];
+    let buffers = [
+        to_le_bytes(call.a),
+        to_le_bytes(call.b),
+        to_le_bytes(call.c),
+    ];
     let mut starts = [0u64; 3];
     for (i, bytes) in buffers.into_iter().enumerate() {
         let mut end = OPERAND_ENDS[i];
@@ -223,7 +203,7 @@ pub fn run_emulated<T: Element>(call: Call<'_, T>) -> Result<Trace, String> {
         return Err("the caller's frame above the entry stack pointer changed".into());
     }
     let c = memory.region("C").expect("C's region");
-    call.c.copy_from_slice(&from_bytes::<T>(&c.bytes));
+    call.c.copy_from_slice(&from_le_bytes::<T>(&c.bytes));
     Ok(trace)
 }
 
