@@ -863,6 +863,8 @@ fn f16_column_sweep_matches() {
         "{count} f16 column_sweep kernels checked, {} failed",
         failures.len()
     );
+    // Not vacuous: 736 kernels fit on an H100.
+    assert!(count > 0, "no column-sweep kernel fits");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
