@@ -562,12 +562,14 @@ struct TuneArgs {
 }
 
 /// The candidates a variable-size batch can run (FMA kernels with padded staging), each
-/// also with vector reads of A and B (`vector_reads`).
+/// also with vector reads of A and B (`vector_reads`), and each of those with the staging
+/// through `cp.async` (`async_copies`).
 fn variable_candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
     candidates(spec, target)
         .into_iter()
         .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
         .flat_map(|s| [false, true].map(|vector_reads| GpuSchedule { vector_reads, ..s }))
+        .flat_map(|s| [false, true].map(|async_copies| GpuSchedule { async_copies, ..s }))
         .collect()
 }
 

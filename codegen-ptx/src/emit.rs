@@ -253,7 +253,10 @@ fn literal(dtype: Dtype, value: f64) -> String {
 /// form a `tl x to` grid over it so that every address inside the unrolled loop is the
 /// thread's base plus an immediate. Elements of the padded extents (`lead_ext x
 /// other_ext`) outside the actual ones are written as zeros (tensor-core padding, and the
-/// unused part of variable-size problems).
+/// unused part of variable-size problems). With `async_copy`, an element (or a vector
+/// stored whole) goes through `cp.async`, its source size 0 where it lies outside the
+/// actual extents (the copy then writes zeros): no register holds it, so every copy of the
+/// thread is in flight at once.
 #[allow(clippy::too_many_arguments)]
 fn load_operand(
     asm: &mut Asm,
@@ -271,6 +274,7 @@ fn load_operand(
     so: usize,
     v: usize,
     perm: Option<(usize, usize)>,
+    async_copy: bool,
 ) {
     let elt = dtype.size();
     let (kind, ty) = elt_kind(dtype);
@@ -420,6 +424,27 @@ fn load_operand(
             };
             let (sbase, lofs) = &lbases[li];
             let soff = lofs + oi * to * so * elt;
+            // (`cp.async` copies 4, 8 or 16 bytes: not a single f16.)
+            let whole = (v == 1 || (sl == 1 && so % v == 0)) && v * elt >= 4;
+            if async_copy && whole && data.as_deref() != Some("0") {
+                let bytes = v * elt;
+                // (.cg, past L1, takes 16-byte copies only.)
+                let cache = if bytes == 16 { "cg" } else { "ca" };
+                let src_size = match &data {
+                    Some(d) => {
+                        let r = asm.reg(Kind::B32);
+                        asm.op(format!("selp.b32 {r}, {bytes}, 0, {d}"));
+                        format!(", {r}")
+                    }
+                    None => String::new(),
+                };
+                asm.op(format!(
+                    "{}cp.async.{cache}.shared.global [{sbase}+{soff}], [{grow}+{goff}], {bytes}{src_size}",
+                    guard(&store_p)
+                ));
+                asm.async_copies = true;
+                continue;
+            }
             if v > 1 {
                 store_vector(
                     asm, dtype, v, &grow, goff, sbase, soff, sl, so, &store_p, data,
@@ -1401,8 +1426,22 @@ pub(crate) fn kernel(
             }
         } else {
             load_operand(
-                &mut asm, dtype, &lt, tpp, o.global, o.slot, lead, other, o.ld, o.lext, o.oext, sl,
-                so, v, o.perm,
+                &mut asm,
+                dtype,
+                &lt,
+                tpp,
+                o.global,
+                o.slot,
+                lead,
+                other,
+                o.ld,
+                o.lext,
+                o.oext,
+                sl,
+                so,
+                v,
+                o.perm,
+                s.async_staging_apply(),
             );
         }
     }

@@ -154,7 +154,11 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     };
     let mh = if s.mul_hi_applies() { "_mh" } else { "" };
     let ff = if s.flat_fragments_apply() { "_ff" } else { "" };
-    let cpa = if s.async_copies_apply() { "_cpa" } else { "" };
+    let cpa = if s.async_copies_apply() || s.async_staging_apply() {
+        "_cpa"
+    } else {
+        ""
+    };
     let rsh = if s.realign_in_shared_apply() {
         "_rsh"
     } else {
@@ -214,6 +218,14 @@ pub fn plan(spec: &GemmSpec, target: &GpuTarget, kind: BatchKind) -> Result<GpuS
         // 64-65%. For f64 the one launch lost 10 points (137 registers against 106 at 4x4
         // tiles) and the bucketed one gained nothing: left off.
         s.vector_reads = true;
+    }
+    if kind == BatchKind::VariableSize && s.mma.is_none() && p.dtype == Dtype::F64 {
+        // Measured (H100, sizes uniform in 1..32, docs/gpu-notes.md, version 20): staging
+        // A and B through `cp.async` took the f64 batch in one launch from 75.4-75.6% of
+        // the bound to 79.6% (bucketed: 81.7-82.3% either way). f32 lost with it (4-byte
+        // copies: bucketed 80.5% -> 75%, one launch 65% -> 61%), as did the strided f32
+        // kernels (up to 16 points at 21); the strided f64 kernels gained nothing.
+        s.async_copies = true;
     }
     Ok(s)
 }

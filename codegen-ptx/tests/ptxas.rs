@@ -158,14 +158,19 @@ fn kernels(target: &GpuTarget) -> Vec<PtxKernel> {
         // The variants on the transposed shapes and a few odd and even squares (all of
         // them on every spec would take ptxas many minutes).
         let square = spec.m() == spec.n() && spec.n() == spec.k();
-        // FMA kernels with vector reads of A and B (`vector_reads`), every tile, on the
-        // f32/f64 shapes that are not squares (the transposes, k not a multiple of 4; every
-        // fourth spec in turn) and four squares.
+        // FMA kernels with vector reads of A and B (`vector_reads`) and with the staging
+        // through `cp.async` (`async_copies`), every tile, on the f32/f64 shapes that are
+        // not squares (the transposes, k not a multiple of 4; every fourth spec in turn)
+        // and four squares.
         let vr_square = square && [5, 17, 24, 32].contains(&spec.n());
         if spec.dtype() != Dtype::F16 && ((!square && i % 4 == 0) || vr_square) {
-            for (rm, rn) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)] {
+            for (j, (rm, rn)) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)]
+                .into_iter()
+                .enumerate()
+            {
                 let s = GpuSchedule {
-                    vector_reads: true,
+                    vector_reads: j % 2 == 0,
+                    async_copies: j % 3 != 1,
                     ..GpuSchedule::fma(rm, rn, 1, Staging::Padded)
                 };
                 if s.validate(&spec.col_major(), target).is_ok() {

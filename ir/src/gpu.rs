@@ -228,7 +228,10 @@ pub struct GpuSchedule {
     /// go through `cp.async`, global memory to
     /// shared memory without registers, so that all of them are in flight at once beside
     /// the realigning loads; C's partial vectors at a verbatim span's ends come whole, as
-    /// A's and B's do (docs/gpu-notes.md, version 15). Ignored elsewhere.
+    /// A's and B's do (docs/gpu-notes.md, version 15). FMA kernels (any batch form): A
+    /// and B are staged element by element (or by aligned vector) through `cp.async`,
+    /// zero-filled past the problem's extents by its source size, instead of a load into a
+    /// register and a shared store (docs/gpu-notes.md, version 20). Ignored elsewhere.
     #[serde(default)]
     pub async_copies: bool,
     /// Tensor-core kernels of strided batches with at most 15 problems per block, whose A
@@ -415,11 +418,16 @@ impl GpuSchedule {
                 if self.column_sweep_apply() { " cs" } else { "" }
             ),
             None => format!(
-                "r{}x{} tba{}{stage}{}",
+                "r{}x{} tba{}{stage}{}{}",
                 self.rm,
                 self.rn,
                 self.tba,
-                if self.vector_reads { " vr" } else { "" }
+                if self.vector_reads { " vr" } else { "" },
+                if self.async_staging_apply() {
+                    " cpa"
+                } else {
+                    ""
+                }
             ),
         }
     }
@@ -441,6 +449,12 @@ impl GpuSchedule {
         self.async_copies
             && self.mma.is_some()
             && (self.stage == Staging::FlatC || self.flat_fragments_apply())
+    }
+
+    /// Whether `async_copies` takes effect on an FMA kernel: its element-wise (and aligned
+    /// vector) staging of A and B goes through `cp.async`, zero-filled past the problem.
+    pub fn async_staging_apply(&self) -> bool {
+        self.async_copies && self.mma.is_none()
     }
 
     /// Whether `epilogue_swaps` takes effect (the table aside): tensor-core kernels with C

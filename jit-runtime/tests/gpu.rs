@@ -230,12 +230,15 @@ fn every_staging_matches() {
                 .unwrap();
             let p = spec.col_major();
             for (rm, rn) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)] {
-                // Padded staging also with vector reads of A and B (`vector_reads`).
-                for (stage, vr) in [
-                    (Staging::Padded, false),
-                    (Staging::Flat, false),
-                    (Staging::FlatC, false),
-                    (Staging::Padded, true),
+                // Padded staging also with vector reads of A and B (`vector_reads`), and
+                // through `cp.async` (`async_copies`) with and without them.
+                for (stage, vr, cpa) in [
+                    (Staging::Padded, false, false),
+                    (Staging::Flat, false, false),
+                    (Staging::FlatC, false, false),
+                    (Staging::Padded, true, false),
+                    (Staging::Padded, false, true),
+                    (Staging::Padded, true, true),
                 ] {
                     if ((rm, rn) == (8, 4) && !vr) || (vr && d == Dtype::F16) {
                         continue;
@@ -243,6 +246,7 @@ fn every_staging_matches() {
                     for threads in [96u32, 512] {
                         let mut s = GpuSchedule::fma(rm, rn, 1, stage);
                         s.vector_reads = vr;
+                        s.async_copies = cpa;
                         s.tba = (threads / s.fma_threads(&p)).max(1);
                         if s.validate(&p, gpu.target()).is_err() {
                             continue;
