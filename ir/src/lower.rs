@@ -165,7 +165,7 @@ pub fn lower(
     };
     let mut program = l.program()?;
     if schedule.prefetch && problem.batch_form == BatchForm::Strided {
-        crate::prefetch::insert(&mut program.ops);
+        crate::prefetch::insert(&mut program.ops, target.prefetch_trips);
     }
     Ok(program)
 }

@@ -1,7 +1,7 @@
 //! The planner: a good default `Schedule` for a problem on a target, from a cost model.
 
 use crate::schedule::{BOperand, Schedule};
-use crate::spec::{BatchForm, ColMajorProblem, Scalar, Trans};
+use crate::spec::{BatchForm, ColMajorProblem, Dtype, Scalar, Trans};
 use crate::target::{Isa, MaskSupport, Target};
 
 /// Operations a fully unrolled kernel may have before the planner turns blocks and then k
@@ -196,6 +196,13 @@ fn fma_cycles_at_least(problem: &ColMajorProblem, target: Target, width: usize) 
 /// and f32 6..12; 2x2x2..4x4x4 were mixed).
 const PREFETCH_MIN_BYTES: usize = 400;
 
+/// Where prefetches reach several trips ahead ([`Target::prefetch_trips`]), f64 matrices
+/// prefetch only from this many bytes (A, B and C of a 16x16x16 problem): on Zen 3, four
+/// trips ahead, f64 2..15 ran 0.89x (geometric mean) of the same kernels without
+/// prefetches at one thread, 16..32 1.04x, while f32 gained at every size (1.03-1.14x;
+/// docs/perf-notes.md, eighteenth session).
+const FAR_PREFETCH_F64_MIN_BYTES: usize = 3 * 16 * 16 * 8;
+
 /// Bytes per matrix from which the streaming variant re-blocks as tall as m (see
 /// [`plan_streaming`]); smaller ones keep their tuned hot schedule, which the tall blocks
 /// (one matrix a trip, no interleaving) only matched.
@@ -221,10 +228,15 @@ fn matrix_bytes(problem: &ColMajorProblem) -> usize {
 /// about 10% (measured, f64 n = 12..32, batch in L2), so the planner's schedules do not
 /// prefetch and the runtime picks the variant by the size of the batch.
 pub fn prefetch_pays(problem: &ColMajorProblem, target: Target) -> bool {
+    let min_bytes = if target.prefetch_trips > 1 && problem.dtype == Dtype::F64 {
+        FAR_PREFETCH_F64_MIN_BYTES
+    } else {
+        PREFETCH_MIN_BYTES
+    };
     problem.batch_form == BatchForm::Strided
         && target.isa != Isa::Neon
         && target.software_prefetch
-        && matrix_bytes(problem) >= PREFETCH_MIN_BYTES
+        && matrix_bytes(problem) >= min_bytes
 }
 
 /// Whether the streaming variant re-blocks `hot` as tall as m ([`plan_streaming`]):
@@ -582,7 +594,7 @@ pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{Dtype, GemmSpec};
+    use crate::spec::GemmSpec;
 
     /// The search without the width pruning: every width, narrowest first.
     fn exhaustive_block(problem: &ColMajorProblem, target: Target) -> Option<(f64, Schedule)> {
@@ -665,8 +677,9 @@ mod tests {
 
     /// Where prefetching does not pay (Zen 4), the streaming variants never prefetch, and a
     /// batch streams differently exactly where they re-block: lane-packed small matrices
-    /// and tall blocks from TALL_MIN_BYTES; on the other x86 target, from
-    /// PREFETCH_MIN_BYTES, with prefetches.
+    /// and tall blocks from TALL_MIN_BYTES; on the other x86 targets, from
+    /// PREFETCH_MIN_BYTES (f64 from 16x16x16 where they prefetch four trips ahead), with
+    /// prefetches.
     #[test]
     fn streaming_variants_prefetch_only_where_it_pays() {
         for dtype in [Dtype::F64, Dtype::F32] {
@@ -674,10 +687,16 @@ mod tests {
                 let spec = GemmSpec::builder(dtype, n, n, n).build().unwrap();
                 let problem = spec.col_major();
                 let bytes = matrix_bytes(&problem);
-                for target in [Target::AVX512, Target::AVX512_HALVES] {
+                for target in [Target::AVX512, Target::AVX512_HALVES, Target::AVX2_AMD] {
                     let hot = plan(&problem, target);
                     let streaming = plan_streaming(&problem, target, &hot);
-                    let pays = target.software_prefetch && bytes >= PREFETCH_MIN_BYTES;
+                    // Four trips ahead (Zen 3), f64 prefetches from 16x16x16 up only.
+                    let min = if target.prefetch_trips > 1 && dtype == Dtype::F64 {
+                        6144
+                    } else {
+                        PREFETCH_MIN_BYTES
+                    };
+                    let pays = target.software_prefetch && bytes >= min;
                     assert_eq!(prefetch_pays(&problem, target), pays, "{spec:?} {target}");
                     assert_eq!(streaming.prefetch, pays, "{spec:?} {target}");
                     let reblocks = (hot.lane_pack && streaming_block(&problem, target).is_some())
@@ -698,6 +717,47 @@ mod tests {
                         assert_eq!(streaming, hot, "{spec:?} {target}");
                     }
                 }
+            }
+        }
+    }
+
+    /// The prefetches of a streaming variant reach `Target::prefetch_trips` trips of the
+    /// batch loop ahead: each of the four-trip target's is three matrices further on than
+    /// the one-trip target's same prefetch.
+    #[test]
+    fn prefetches_reach_as_many_trips_ahead_as_the_target_asks() {
+        fn offsets(ops: &[crate::program::Op], out: &mut Vec<i32>) {
+            for op in ops {
+                match op {
+                    crate::program::Op::Prefetch { addr } => out.push(addr.offset),
+                    crate::program::Op::Loop { body, .. } => offsets(body, out),
+                    _ => {}
+                }
+            }
+        }
+        for (dtype, n) in [(Dtype::F32, 16), (Dtype::F32, 9), (Dtype::F64, 24)] {
+            let spec = GemmSpec::builder(dtype, n, n, n).build().unwrap();
+            let problem = spec.col_major();
+            let prefetches = |target: Target| {
+                let hot = plan(&problem, target);
+                let s = plan_streaming(&problem, target, &hot);
+                assert!(s.prefetch, "{spec:?} {target}");
+                let program = crate::lower::lower(&problem, target, &s).unwrap();
+                let mut out = Vec::new();
+                offsets(&program.ops, &mut out);
+                out
+            };
+            let near = prefetches(Target {
+                prefetch_trips: 1,
+                ..Target::AVX2_AMD
+            });
+            let far = prefetches(Target::AVX2_AMD);
+            assert!(!near.is_empty(), "{spec:?}");
+            assert_eq!(near.len(), far.len(), "{spec:?}");
+            // Packed batch: A, B and C each n * n elements a matrix.
+            let matrix = (n * n * dtype.size()) as i32;
+            for (a, b) in near.iter().zip(&far) {
+                assert_eq!(b - a, 3 * matrix, "{spec:?}");
             }
         }
     }

@@ -6,8 +6,9 @@
 //! DRAM spends most of its time waiting for lines it could have asked for a matrix earlier.
 //!
 //! This pass runs on a lowered strided program: before the first access to each cache line
-//! in a loop body it inserts a prefetch of the same line one trip of the batch loop ahead
-//! (the address plus what the trip adds to that operand's base register). Operations that
+//! in a loop body it inserts a prefetch of the same line one trip of the batch loop ahead,
+//! or as many as the target asks for (the address plus what that many trips add to that
+//! operand's base register). Operations that
 //! reach the same matrices in later iterations of an inner loop prefetch their own lines,
 //! so the next matrix arrives while the current one is computed. Addresses are tracked from
 //! the argument registers through copies; anything else (scratch memory, pointers loaded
@@ -20,8 +21,9 @@ use crate::program::{Addr, Gpr, Op};
 /// Bytes per cache line.
 const LINE: i64 = 64;
 
-/// Inserts prefetches into every batch loop of `ops` (a program's top level).
-pub fn insert(ops: &mut [Op]) {
+/// Inserts prefetches into every batch loop of `ops` (a program's top level), `trips`
+/// trips of the batch loop ahead (at least one; [`crate::Target::prefetch_trips`]).
+pub fn insert(ops: &mut [Op], trips: u8) {
     for op in ops.iter_mut() {
         if let Op::Loop { counter, body, .. } = op {
             if *counter == Gpr::BATCH {
@@ -31,7 +33,8 @@ pub fn insert(ops: &mut [Op]) {
                 for op in body.iter() {
                     if let Op::AddImm { dst, imm } = op {
                         if [Gpr::A, Gpr::B, Gpr::C].contains(dst) {
-                            *ahead.entry(*dst).or_default() += *imm as i64;
+                            *ahead.entry(*dst).or_default() +=
+                                *imm as i64 * i64::from(trips.max(1));
                         }
                     }
                 }

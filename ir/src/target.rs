@@ -71,13 +71,20 @@ pub struct Target {
     /// ninth session).
     #[serde(default)]
     pub halves_512: bool,
-    /// Prefetching the next matrices (`prefetcht0`, one trip ahead) speeds up batches that
-    /// stream from memory ([`crate::prefetch_pays`]). True on the Intel Xeons measured; false
-    /// on AMD Zen 4, where the streaming variants ran up to 47% faster without the
-    /// prefetches and never more than 3% slower (docs/perf-notes.md, eighth and ninth
-    /// sessions).
+    /// Prefetching the next matrices (`prefetcht0`, [`Target::prefetch_trips`] ahead)
+    /// speeds up batches that stream from memory ([`crate::prefetch_pays`]). True on the
+    /// Intel Xeons measured and on AMD Zen 3 (four trips ahead); false on AMD Zen 4, where
+    /// the streaming variants ran up to 47% faster without the prefetches and never more
+    /// than 3% slower (docs/perf-notes.md, eighth and ninth sessions).
     #[serde(default = "prefetching_pays_by_default")]
     pub software_prefetch: bool,
+    /// How many trips of the batch loop ahead those prefetches reach (0 counts as 1). One
+    /// on the Intel Xeons; four on AMD Zen 3 (AVX2), where one trip ahead lost and four
+    /// gained 3-14% streaming from DRAM (docs/perf-notes.md, eighteenth and nineteenth
+    /// sessions): one matrix's compute there is shorter than a miss, so a line asked for one
+    /// matrix ahead arrives late.
+    #[serde(default = "one_trip_ahead")]
+    pub prefetch_trips: u8,
     /// AVX2's masked stores (`vmaskmovps` / `vmaskmovpd` to memory) are slow: microcoded on
     /// AMD's cores (measured on Zen 3, back to back: 15 TSC cycles a ymm store, 5 an xmm
     /// one, against under 1 for a plain store). Tails of C are then stored in whole pieces
@@ -98,6 +105,10 @@ fn prefetching_pays_by_default() -> bool {
     true
 }
 
+fn one_trip_ahead() -> u8 {
+    1
+}
+
 impl Target {
     pub const AVX2: Target = Target::new(Isa::Avx2);
     pub const AVX512: Target = Target::new(Isa::Avx512);
@@ -108,15 +119,17 @@ impl Target {
         isa: Isa::Avx512,
         halves_512: true,
         software_prefetch: false,
+        prefetch_trips: 1,
         masked_stores_slow: false,
         cross_lane_permutes_slow: false,
     };
-    /// AVX2 on AMD (Zen 1 to 3): slow masked stores and cross-lane permutes, and
-    /// prefetching the next matrices does not pay.
+    /// AVX2 on AMD (Zen 1 to 3): slow masked stores and cross-lane permutes, and the
+    /// streaming variants prefetch four trips ahead.
     pub const AVX2_AMD: Target = Target {
         isa: Isa::Avx2,
         halves_512: false,
-        software_prefetch: false,
+        software_prefetch: true,
+        prefetch_trips: 4,
         masked_stores_slow: true,
         cross_lane_permutes_slow: true,
     };
@@ -126,6 +139,7 @@ impl Target {
             isa,
             halves_512: false,
             software_prefetch: true,
+            prefetch_trips: 1,
             masked_stores_slow: false,
             cross_lane_permutes_slow: false,
         }
@@ -300,6 +314,10 @@ impl std::fmt::Display for Target {
         let notes: Vec<&str> = [
             (self.halves_512, "512-bit halves"),
             (!self.software_prefetch, "no software prefetch"),
+            (
+                self.software_prefetch && self.prefetch_trips > 1,
+                "prefetch far ahead",
+            ),
             (self.masked_stores_slow, "slow masked stores"),
             (self.cross_lane_permutes_slow, "slow cross-lane permutes"),
         ]

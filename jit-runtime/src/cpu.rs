@@ -38,9 +38,29 @@ pub fn supported_isas() -> Vec<Isa> {
 /// columns alone, and the extra loads only compete with them. Ninth session, same VM:
 /// `prefetcht0` one, two or four trips ahead lost again (f64 12..32, geomean over LIBXSMM
 /// 0.79-1.00x against 1.15-1.24x without), `prefetcht1` / `prefetcht2` one trip ahead won
-/// nowhere reliably. Any AMD CPU (CPUID's vendor). Sets [`Target::software_prefetch`].
+/// nowhere reliably. On AMD CPUs without AVX-512 (Zen 1 to 3; measured on Zen 3) they pay
+/// four trips ahead ([`prefetch_trips`]): there the streaming bench gained 1.03-1.14x for
+/// f32 at every size and 1.04-1.05x for f64 from 16 against no prefetches (one and two
+/// threads, alternated twice; docs/perf-notes.md, eighteenth session), where one trip ahead
+/// had lost. Sets [`Target::software_prefetch`].
 fn software_prefetch_pays() -> bool {
-    amd_family().is_none()
+    amd_family().is_none() || !has_avx512()
+}
+
+/// How many trips of the batch loop ahead the streaming variants prefetch: four on AMD
+/// (where they prefetch at all: Zen 1 to 3), one elsewhere. Sets
+/// [`Target::prefetch_trips`].
+fn prefetch_trips() -> u8 {
+    if amd_family().is_some() {
+        4
+    } else {
+        1
+    }
+}
+
+/// Whether this CPU runs our AVX-512 kernels.
+fn has_avx512() -> bool {
+    supported_isas().contains(&Isa::Avx512)
 }
 
 /// Bytes of one core's L2 cache (from Linux's sysfs; 1 MiB where it cannot be read): a
@@ -152,6 +172,7 @@ fn target(isa: Isa) -> Target {
     Target {
         halves_512: isa == Isa::Avx512 && runs_512_bit_as_halves(),
         software_prefetch: software_prefetch_pays(),
+        prefetch_trips: prefetch_trips(),
         masked_stores_slow: isa == Isa::Avx2 && masked_stores_slow(),
         cross_lane_permutes_slow: isa == Isa::Avx2 && cross_lane_permutes_slow(),
         ..Target::new(isa)
