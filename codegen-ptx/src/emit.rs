@@ -74,6 +74,26 @@ impl Asm {
         let _ = writeln!(self.body, "\t// {text}");
     }
 
+    /// `bytes` (4, 8 or 16) from global memory at `src` to shared memory at `dst` through
+    /// `cp.async` under `guard` (a `guard()` prefix); `src_size` (a register) copies that
+    /// many bytes and zero-fills the rest. The staging's barrier then waits for it.
+    fn cp_async(
+        &mut self,
+        guard: &str,
+        dst: &str,
+        src: &str,
+        bytes: usize,
+        src_size: Option<&str>,
+    ) {
+        // (.cg, past L1, takes 16-byte copies only.)
+        let cache = if bytes == 16 { "cg" } else { "ca" };
+        let size = src_size.map_or(String::new(), |r| format!(", {r}"));
+        self.op(format!(
+            "{guard}cp.async.{cache}.shared.global [{dst}], [{src}], {bytes}{size}"
+        ));
+        self.async_copies = true;
+    }
+
     /// Moves the shared-memory stores emitted since `start` (a length of `body`) later, in
     /// their order, the other lines keeping theirs: a staging loop emitted as load, store,
     /// load, store... becomes groups of global loads, each followed by their stores. ptxas
@@ -428,21 +448,18 @@ fn load_operand(
             let whole = (v == 1 || (sl == 1 && so % v == 0)) && v * elt >= 4;
             if async_copy && whole && data.as_deref() != Some("0") {
                 let bytes = v * elt;
-                // (.cg, past L1, takes 16-byte copies only.)
-                let cache = if bytes == 16 { "cg" } else { "ca" };
-                let src_size = match &data {
-                    Some(d) => {
-                        let r = asm.reg(Kind::B32);
-                        asm.op(format!("selp.b32 {r}, {bytes}, 0, {d}"));
-                        format!(", {r}")
-                    }
-                    None => String::new(),
-                };
-                asm.op(format!(
-                    "{}cp.async.{cache}.shared.global [{sbase}+{soff}], [{grow}+{goff}], {bytes}{src_size}",
-                    guard(&store_p)
-                ));
-                asm.async_copies = true;
+                let src_size = data.as_ref().map(|d| {
+                    let r = asm.reg(Kind::B32);
+                    asm.op(format!("selp.b32 {r}, {bytes}, 0, {d}"));
+                    r
+                });
+                asm.cp_async(
+                    &guard(&store_p),
+                    &format!("{sbase}+{soff}"),
+                    &format!("{grow}+{goff}"),
+                    bytes,
+                    src_size.as_deref(),
+                );
                 continue;
             }
             if v > 1 {
@@ -3462,15 +3479,7 @@ fn copy_c_columns(
                 asm.op(format!("{g}ld.global.{ty} {list}, [{gaddr}]"));
                 asm.op(format!("{g}st.shared.{ty} [{saddr}], {list}"));
             }
-            CopyC::Async => {
-                // (.cg, past L1, takes 16-byte copies only.)
-                let cache = if cv == 8 { "cg" } else { "ca" };
-                asm.op(format!(
-                    "{g}cp.async.{cache}.shared.global [{saddr}], [{gaddr}], {}",
-                    cv * 2
-                ));
-                asm.async_copies = true;
-            }
+            CopyC::Async => asm.cp_async(&g, &saddr, &gaddr, cv * 2, None),
             CopyC::Out => {
                 asm.op(format!("{g}ld.shared.{ty} {list}, [{saddr}]"));
                 asm.op(format!("{g}st.global.{ty} [{gaddr}], {list}"));
@@ -3666,10 +3675,13 @@ fn flat_copy(
             asm.op(format!("setp.lt.s32 {before_end}, {fs}, {end}"));
             let pred = guard(&asm.and(Some(before_end), inq.clone()));
             if copy == FlatCopy::Async {
-                asm.op(format!(
-                    "{pred}cp.async.cg.shared.global [{sq}+{off}], [{gq}+{off}], 16"
-                ));
-                asm.async_copies = true;
+                asm.cp_async(
+                    &pred,
+                    &format!("{sq}+{off}"),
+                    &format!("{gq}+{off}"),
+                    16,
+                    None,
+                );
             } else {
                 let (_, list) = words(asm);
                 asm.op(format!("{pred}ld.global.v4.b32 {list}, [{gq}+{off}]"));
