@@ -531,17 +531,22 @@ pub fn dot_tail_cases() -> Vec<MatrixCase> {
     cases
 }
 
-/// The two schedules a dot-tail case runs under: `planned` (the target's plan for it) with
-/// a dot-product tail and plain vectors, and a looped, batch-unrolled, prefetching form.
-pub fn dot_tail_schedules(planned: Schedule) -> [Schedule; 2] {
-    let with_tail = Schedule {
+/// `planned` (the target's plan for a case) with a dot-product tail and plain vectors.
+pub fn with_dot_tail(planned: Schedule) -> Schedule {
+    Schedule {
         dot_tail: true,
         lane_pack: false,
         vector_bytes: 0,
         m_vectors: planned.m_vectors.max(1),
         n_cols: planned.n_cols.max(1),
         ..planned
-    };
+    }
+}
+
+/// The two schedules a dot-tail case runs under: `planned` [`with_dot_tail`], and a
+/// looped, batch-unrolled, prefetching form.
+pub fn dot_tail_schedules(planned: Schedule) -> [Schedule; 2] {
+    let with_tail = with_dot_tail(planned);
     let looped = Schedule {
         m_vectors: 1,
         n_cols: 3,

@@ -459,14 +459,7 @@ fn dot_product_tails_compute_the_reference() {
                     target,
                 );
                 for s in [
-                    Schedule {
-                        dot_tail: true,
-                        lane_pack: false,
-                        vector_bytes: 0,
-                        m_vectors: planned.m_vectors.max(1),
-                        n_cols: planned.n_cols.max(1),
-                        ..planned
-                    },
+                    smallgemm_ir::reference::with_dot_tail(planned),
                     Schedule {
                         m_vectors: 1,
                         n_cols: 2,
