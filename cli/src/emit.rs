@@ -63,7 +63,8 @@ struct ListLine {
 pub struct EmitArgs {
     #[command(flatten)]
     kernel: KernelArgs,
-    /// Instruction set to generate for (this CPU need not run it).
+    /// Instruction set to generate for (this CPU need not run it): avx2, avx512 or neon;
+    /// sm_80 or sm_90 writes PTX for NVIDIA GPUs (f16 too; see `emit --isa sm_90 --help`).
     #[arg(long)]
     isa: Isa,
     /// Generate for AMD Zen 4's target, as the JIT detects it there (`Target::AVX512_HALVES`:

@@ -23,7 +23,8 @@ enum Command {
     /// Compile, run on random data, check against a higher-precision reference, time.
     /// With no shape: a sweep over square sizes 2..32 in f64 and f32.
     Run(run::RunArgs),
-    /// Write a kernel's machine code as an Intel-syntax listing or raw bytes.
+    /// Write a kernel's machine code as an Intel-syntax listing, raw bytes or an object file;
+    /// with --isa sm_80 or sm_90, its PTX.
     Emit(emit::EmitArgs),
     /// Show the CPU's supported instruction sets and what the JIT picks.
     Info,

@@ -45,7 +45,7 @@ impl BatchKind {
 /// Why no kernel could be generated.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum PtxError {
-    #[error("invalid GPU schedule: {0}")]
+    #[error("GPU schedule: {0}")]
     Schedule(#[from] GpuScheduleError),
     #[error("tensor-core kernels accumulate in f32 only")]
     MmaAccumulate,
@@ -180,10 +180,14 @@ pub fn plan(spec: &GemmSpec, target: &GpuTarget, kind: BatchKind) -> Result<GpuS
     let mut s = plan_gpu(&p, target)?;
     if kind == BatchKind::VariableSize && s.mma.is_some() {
         let mut q = p;
-        // Plan as if f32 to get an FMA schedule, then keep f16.
+        // Plan as if f32 to get an FMA schedule, then keep f16; f32 stages twice the bytes
+        // of f16 (tba is fitted to the f16 problem below).
         q.dtype = Dtype::F32;
-        s = plan_gpu(&q, target)?;
-        s.validate(&p, target)?;
+        let wider = GpuTarget {
+            shared_bytes_per_block: 2 * target.shared_bytes_per_block,
+            ..target.clone()
+        };
+        s = plan_gpu(&q, &wider)?;
     }
     if kind != BatchKind::Strided && s.flat_fragments {
         // Verbatim copies of A and B need a packed strided batch: elsewhere `ldmatrix`
@@ -227,6 +231,15 @@ pub fn plan(spec: &GemmSpec, target: &GpuTarget, kind: BatchKind) -> Result<GpuS
         // kernels (up to 16 points at 21); the strided f64 kernels gained nothing.
         s.async_copies = true;
     }
+    // `vector_reads` pads A and B in shared memory: where the block no longer fits (many
+    // problems of long k per block), fewer problems a block, as in `plan_gpu`, or none.
+    while s.tba > 1 && s.validate(&p, target).is_err() {
+        s.tba -= 1;
+    }
+    if s.vector_reads && s.validate(&p, target).is_err() {
+        s.vector_reads = false;
+    }
+    s.validate(&p, target)?;
     Ok(s)
 }
 
@@ -319,4 +332,55 @@ pub fn combine(sm: Sm, kernels: &[&PtxKernel]) -> String {
 /// The column-major problem a spec's kernel computes (re-exported for the runtime).
 pub fn problem(spec: &GemmSpec) -> ColMajorProblem {
     spec.col_major()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smallgemm_ir::{GemmSpec, Sm, Trans};
+
+    /// Wherever `plan_gpu` finds a schedule for a problem, `plan` finds one for every batch
+    /// kind: its adjustments (f32 `vector_reads` pads A and B in shared memory) keep the
+    /// block within the limits. Where none fits, the error says how far to split k.
+    #[test]
+    fn planned_kernels_fit_wherever_a_schedule_does() {
+        let sizes = [1, 2, 3, 7, 14, 22, 31, 32, 33, 64, 100, 128];
+        for sm in [Sm::Sm80, Sm::Sm90] {
+            let target = GpuTarget::new(sm);
+            for dtype in [Dtype::F64, Dtype::F32, Dtype::F16] {
+                for (m, n, k) in sizes.iter().flat_map(|&m| {
+                    sizes
+                        .iter()
+                        .flat_map(move |&n| [1, 17, 46, 87, 128].map(|k| (m, n, k)))
+                }) {
+                    for (ta, tb) in [(Trans::N, Trans::N), (Trans::T, Trans::T)] {
+                        let spec = GemmSpec::builder(dtype, m, n, k)
+                            .trans_a(ta)
+                            .trans_b(tb)
+                            .build()
+                            .unwrap();
+                        let p = spec.col_major();
+                        let fits = smallgemm_ir::plan_gpu(&p, &target);
+                        for kind in [
+                            BatchKind::Strided,
+                            BatchKind::PointerArray,
+                            BatchKind::VariableSize,
+                        ] {
+                            let planned = plan(&spec, &target, kind);
+                            match (&fits, planned) {
+                                (Ok(_), Ok(s)) => assert!(s.validate(&p, &target).is_ok()),
+                                (Ok(_), Err(e)) => {
+                                    panic!("{} {kind:?} on {sm:?}: {e}", spec.name())
+                                }
+                                (Err(_), Ok(s)) => {
+                                    panic!("{} {kind:?} on {sm:?}: planned {s:?}", spec.name())
+                                }
+                                (Err(_), Err(_)) => {}
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

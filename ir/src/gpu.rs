@@ -285,6 +285,13 @@ pub enum GpuScheduleError {
     MmaShape(MmaShape),
     #[error("warps = {0}: tensor-core kernels need 1..=32 warps per problem")]
     Warps(u32),
+    #[error("no schedule fits: one problem's A and B need {bytes} bytes of shared memory, more than a block's {limit} on this GPU (the kernels stage whole problems); split k into parts of at most {max_k} and accumulate them with beta = 1")]
+    ProblemTooLarge {
+        bytes: usize,
+        limit: usize,
+        /// The largest k with which the same m and n fit.
+        max_k: usize,
+    },
 }
 
 /// Resource use of a schedule on a problem: what validation compares with the limits.
@@ -901,9 +908,43 @@ pub fn row_tile_warps(p: &ColMajorProblem) -> Vec<u32> {
 /// The default schedule for `p` on `target`: lightweight blocks (paper 001) of about 128-256
 /// threads; a register tile grows with the size so that a thread does enough FMAs per
 /// shared-memory load; tensor cores for f16 from 16 up (below, FMA kernels with flat
-/// staging win: measured on an H100 up to 15, by 30 points of the bound at 13-15). Fails only when no schedule fits (A and B of one problem
-/// exceed shared memory).
+/// staging win: measured on an H100 up to 15, by 30 points of the bound at 13-15). Fails only
+/// when no schedule fits: where A and B of one problem exceed shared memory, with
+/// [`GpuScheduleError::ProblemTooLarge`], which says how far k must be split.
 pub fn plan_gpu(p: &ColMajorProblem, target: &GpuTarget) -> Result<GpuSchedule, GpuScheduleError> {
+    match plan_within_limits(p, target) {
+        Err(GpuScheduleError::Shared { bytes, limit }) => {
+            // Staging grows with k: the largest k that fits, by bisection (lo fits, hi not).
+            let fits = |k| plan_within_limits(&ColMajorProblem { k, ..*p }, target).is_ok();
+            let (mut lo, mut hi) = (0, p.k);
+            while hi - lo > 1 {
+                let mid = (lo + hi) / 2;
+                if fits(mid) {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            Err(if lo == 0 {
+                // m and n alone are too large.
+                GpuScheduleError::Shared { bytes, limit }
+            } else {
+                GpuScheduleError::ProblemTooLarge {
+                    bytes,
+                    limit,
+                    max_k: lo,
+                }
+            })
+        }
+        planned => planned,
+    }
+}
+
+/// [`plan_gpu`] without the advice on k.
+fn plan_within_limits(
+    p: &ColMajorProblem,
+    target: &GpuTarget,
+) -> Result<GpuSchedule, GpuScheduleError> {
     let big = p.m.max(p.n);
     let mut s = if p.dtype == Dtype::F16 && big >= 16 {
         // Tensor cores; warps per problem, problems per block, staging and C prefetch
@@ -1091,10 +1132,20 @@ mod tests {
             Err(GpuScheduleError::MmaDtype(Dtype::F64))
         );
         let big = problem(Dtype::F64, 128);
-        assert!(matches!(
-            plan_gpu(&big, &t),
-            Err(GpuScheduleError::Shared { .. })
-        ));
+        let Err(GpuScheduleError::ProblemTooLarge { max_k, .. }) = plan_gpu(&big, &t) else {
+            panic!("f64 128^3 fits in shared memory");
+        };
+        // The advice holds: k = max_k fits, one more does not.
+        assert!((1..128).contains(&max_k));
+        assert!(plan_gpu(&ColMajorProblem { k: max_k, ..big }, &t).is_ok());
+        assert!(plan_gpu(
+            &ColMajorProblem {
+                k: max_k + 1,
+                ..big
+            },
+            &t
+        )
+        .is_err());
         let s = GpuSchedule::fma(8, 8, 4, Staging::Padded);
         assert!(matches!(
             s.validate(&big, &t),
