@@ -3,10 +3,10 @@
 //! once.
 //!
 //! On Unix, kernels take whole pages of chunks mapped ahead and shared: one `mprotect` a
-//! kernel instead of an `mmap`, a page fault, an `mprotect` and, on drop, a `munmap` (about
-//! 4 against 12 µs on Zen 3, plus 5 to 7 µs of `munmap` on drop; docs/perf-notes.md). A chunk is unmapped
-//! when the last code placed in it is dropped; the pages of code dropped before then are
-//! not reused.
+//! kernel instead of an `mmap`, a page fault, an `mprotect` and, on drop, a `munmap` (on
+//! Zen 3 about 4 µs against 12, and 5-7 µs less on drop; docs/perf-notes.md). A chunk is
+//! unmapped when the last code placed in it is dropped; the pages of code dropped before
+//! then are not reused.
 
 use std::sync::Arc;
 
