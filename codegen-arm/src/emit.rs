@@ -134,10 +134,13 @@ impl<'a> Emitter<'a> {
     }
 
     pub(crate) fn finish(self) -> Result<MachineCode, EmitError> {
-        let bytes = self
-            .ops
-            .finalize()
-            .map_err(|e| EmitError::Assembler(e.to_string()))?;
+        let len = self.ops.offset().0;
+        let bytes = self.ops.finalize().map_err(|e| match e {
+            // A loop's conditional branches reach +-1 MiB: only a schedule that unrolls
+            // far more than the planner does gets there.
+            dynasmrt::DynasmError::ImpossibleRelocation(_) => EmitError::CodeTooLarge(len),
+            e => EmitError::Assembler(e.to_string()),
+        })?;
         Ok(MachineCode {
             code_len: bytes.len(),
             bytes,

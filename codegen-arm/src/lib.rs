@@ -38,6 +38,8 @@ pub enum EmitError {
     ParamClobbered,
     #[error("{0} is not available on NEON")]
     Unsupported(&'static str),
+    #[error("{0} bytes of code: a loop's branches reach 1 MiB on AArch64; unroll less (loop over the blocks)")]
+    CodeTooLarge(usize),
     #[error("dynasm: {0}")]
     Assembler(String),
 }
@@ -50,4 +52,35 @@ pub fn emit(program: &Program) -> Result<MachineCode, EmitError> {
     let mut emitter = emit::Emitter::new(program)?;
     emitter.body()?;
     emitter.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smallgemm_ir::{Dtype, GemmSpec, Schedule, Target};
+
+    /// A schedule that unrolls every block of f64 73x62x43 writes more than 1 MiB of code,
+    /// beyond the reach of the batch loop's conditional branches: a clear error, where the
+    /// planner's schedule (which loops over the blocks) emits.
+    #[test]
+    fn code_beyond_the_branch_reach_is_a_clear_error() {
+        let spec = GemmSpec::builder(Dtype::F64, 73, 62, 43).build().unwrap();
+        let p = spec.col_major();
+        let planned = smallgemm_ir::plan(&p, Target::NEON);
+        assert!(emit(&smallgemm_ir::lower(&p, Target::NEON, &planned).unwrap()).is_ok());
+        let unrolled = Schedule {
+            m_vectors: 1,
+            n_cols: 3,
+            k_unroll: 0,
+            unroll_m_blocks: true,
+            unroll_n_blocks: true,
+            ..planned
+        };
+        let program = smallgemm_ir::lower(&p, Target::NEON, &unrolled).unwrap();
+        let err = emit(&program).unwrap_err();
+        assert!(
+            matches!(err, EmitError::CodeTooLarge(n) if n > 1 << 20),
+            "{err}"
+        );
+    }
 }
