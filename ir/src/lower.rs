@@ -165,7 +165,11 @@ pub fn lower(
     };
     let mut program = l.program()?;
     if schedule.prefetch && problem.batch_form == BatchForm::Strided {
-        crate::prefetch::insert(&mut program.ops, target.prefetch_trips);
+        crate::prefetch::insert(
+            &mut program.ops,
+            target.prefetch_trips,
+            target.prefetch_min_bytes_ahead,
+        );
     }
     Ok(program)
 }

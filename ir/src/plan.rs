@@ -193,8 +193,10 @@ fn fma_cycles_at_least(problem: &ColMajorProblem, target: Target, width: usize) 
 /// Bytes of A, B and C per matrix from which prefetching the next matrices pays when the
 /// batch streams from memory (measured with the bandwidth probe timed beside the kernels:
 /// the hot schedule plus prefetches gained 1.3 to 7.5 points of it on average at f64 5..9
-/// and f32 6..12; 2x2x2..4x4x4 were mixed).
-const PREFETCH_MIN_BYTES: usize = 400;
+/// and f32 6..12; 2x2x2..4x4x4 were mixed). 300 takes in f32 5x5x5, which gained 8-9
+/// points once its prefetches reached 4 KiB ahead (Intel, twenty-first session) and on Zen 3
+/// four trips ahead (eighteenth session's harness); the smaller ones are lane-packed.
+const PREFETCH_MIN_BYTES: usize = 300;
 
 /// Where prefetches reach several trips ahead ([`Target::prefetch_trips`]), f64 matrices
 /// prefetch only from this many bytes (A, B and C of a 16x16x16 problem): on Zen 3, four

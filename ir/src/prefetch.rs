@@ -21,23 +21,35 @@ use crate::program::{Addr, Gpr, Op};
 /// Bytes per cache line.
 const LINE: i64 = 64;
 
+/// The most trips ahead that [`insert`] reaches to cover its minimum distance.
+const MAX_TRIPS: i64 = 64;
+
 /// Inserts prefetches into every batch loop of `ops` (a program's top level), `trips`
-/// trips of the batch loop ahead (at least one; [`crate::Target::prefetch_trips`]).
-pub fn insert(ops: &mut [Op], trips: u8) {
+/// trips of the batch loop ahead (at least one; [`crate::Target::prefetch_trips`]), or as
+/// many more as it takes to reach `min_bytes_ahead` bytes of A, B and C ahead
+/// ([`crate::Target::prefetch_min_bytes_ahead`]).
+pub fn insert(ops: &mut [Op], trips: u8, min_bytes_ahead: u32) {
     for op in ops.iter_mut() {
         if let Op::Loop { counter, body, .. } = op {
             if *counter == Gpr::BATCH {
                 // What one trip adds to the A, B and C registers: the distance to the
                 // matrices the next trip works on.
-                let mut ahead: HashMap<Gpr, i64> = HashMap::new();
+                let mut step: HashMap<Gpr, i64> = HashMap::new();
                 for op in body.iter() {
                     if let Op::AddImm { dst, imm } = op {
                         if [Gpr::A, Gpr::B, Gpr::C].contains(dst) {
-                            *ahead.entry(*dst).or_default() +=
-                                *imm as i64 * i64::from(trips.max(1));
+                            *step.entry(*dst).or_default() += *imm as i64;
                         }
                     }
                 }
+                let per_trip: i64 = step.values().map(|d| d.abs()).sum();
+                let trips = match per_trip {
+                    0 => 1,
+                    _ => ((i64::from(min_bytes_ahead) + per_trip - 1) / per_trip)
+                        .clamp(i64::from(trips.max(1)), MAX_TRIPS.max(i64::from(trips))),
+                };
+                let ahead: HashMap<Gpr, i64> =
+                    step.into_iter().map(|(g, d)| (g, d * trips)).collect();
                 let mut origin: HashMap<Gpr, Gpr> = [Gpr::A, Gpr::B, Gpr::C].map(|g| (g, g)).into();
                 *body = with_prefetches(std::mem::take(body), &ahead, &mut origin);
             }

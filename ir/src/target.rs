@@ -85,6 +85,14 @@ pub struct Target {
     /// matrix ahead arrives late.
     #[serde(default = "one_trip_ahead")]
     pub prefetch_trips: u8,
+    /// Those prefetches reach at least this many bytes of A, B and C ahead: more trips than
+    /// [`Target::prefetch_trips`] where the matrices are small, whose next one is asked for
+    /// too late. 4 KiB on the Intel Xeons, where streaming from DRAM went from 80-83% of the
+    /// bound to 89-97% at f64 5..8 and f32 5..8 (one and two threads; 2 and 8 KiB did about
+    /// as well at most sizes; docs/perf-notes.md, twenty-first session); 0 on AMD, whose
+    /// distance [`Target::prefetch_trips`] alone sets (measured on Zen 3 only).
+    #[serde(default = "intel_min_bytes_ahead")]
+    pub prefetch_min_bytes_ahead: u32,
     /// AVX2's masked stores (`vmaskmovps` / `vmaskmovpd` to memory) are slow: microcoded on
     /// AMD's cores (measured on Zen 3, back to back: 15 TSC cycles a ymm store, 5 an xmm
     /// one, against under 1 for a plain store). Tails of C are then stored in whole pieces
@@ -109,6 +117,13 @@ fn one_trip_ahead() -> u8 {
     1
 }
 
+fn intel_min_bytes_ahead() -> u32 {
+    INTEL_MIN_BYTES_AHEAD
+}
+
+/// [`Target::prefetch_min_bytes_ahead`] on Intel.
+const INTEL_MIN_BYTES_AHEAD: u32 = 4096;
+
 impl Target {
     pub const AVX2: Target = Target::new(Isa::Avx2);
     pub const AVX512: Target = Target::new(Isa::Avx512);
@@ -120,6 +135,7 @@ impl Target {
         halves_512: true,
         software_prefetch: false,
         prefetch_trips: 1,
+        prefetch_min_bytes_ahead: 0,
         masked_stores_slow: false,
         cross_lane_permutes_slow: false,
     };
@@ -130,6 +146,7 @@ impl Target {
         halves_512: false,
         software_prefetch: true,
         prefetch_trips: 4,
+        prefetch_min_bytes_ahead: 0,
         masked_stores_slow: true,
         cross_lane_permutes_slow: true,
     };
@@ -140,6 +157,7 @@ impl Target {
             halves_512: false,
             software_prefetch: true,
             prefetch_trips: 1,
+            prefetch_min_bytes_ahead: INTEL_MIN_BYTES_AHEAD,
             masked_stores_slow: false,
             cross_lane_permutes_slow: false,
         }

@@ -30,7 +30,7 @@ pub fn supported_isas() -> Vec<Isa> {
 }
 
 /// Whether the variants for batches that stream from memory prefetch the next matrices
-/// (`prefetcht0`, one trip ahead). On the Intel Xeon of the earlier sessions they paid; on
+/// (`prefetcht0`, one trip or 4 KiB ahead, whichever is further). On the Intel Xeon of the earlier sessions they paid; on
 /// an AMD EPYC (Zen 4) the same tall blocks without them ran up to 47% faster from DRAM,
 /// never more than 3% slower (f64 16 1.31x, 19 1.47x, 24 1.45x, 32 1.35x; f32 24 1.18x, 32
 /// 1.23x, 4 0.97x; one thread, alternated in one process: docs/perf-notes.md, eighth
@@ -55,6 +55,17 @@ fn prefetch_trips() -> u8 {
         4
     } else {
         1
+    }
+}
+
+/// How many bytes of A, B and C ahead the streaming variants prefetch at least: on AMD,
+/// [`prefetch_trips`] alone decides; elsewhere the default target's distance. Sets
+/// [`Target::prefetch_min_bytes_ahead`].
+fn prefetch_min_bytes_ahead(isa: Isa) -> u32 {
+    if amd_family().is_some() {
+        0
+    } else {
+        Target::new(isa).prefetch_min_bytes_ahead
     }
 }
 
@@ -173,6 +184,7 @@ fn target(isa: Isa) -> Target {
         halves_512: isa == Isa::Avx512 && runs_512_bit_as_halves(),
         software_prefetch: software_prefetch_pays(),
         prefetch_trips: prefetch_trips(),
+        prefetch_min_bytes_ahead: prefetch_min_bytes_ahead(isa),
         masked_stores_slow: isa == Isa::Avx2 && masked_stores_slow(),
         cross_lane_permutes_slow: isa == Isa::Avx2 && cross_lane_permutes_slow(),
         ..Target::new(isa)
