@@ -193,10 +193,9 @@ fn fma_cycles_at_least(problem: &ColMajorProblem, target: Target, width: usize) 
 /// Bytes of A, B and C per matrix from which prefetching the next matrices pays when the
 /// batch streams from memory (measured with the bandwidth probe timed beside the kernels:
 /// the hot schedule plus prefetches gained 1.3 to 7.5 points of it on average at f64 5..9
-/// and f32 6..12; 2x2x2..4x4x4 were mixed). 300 takes in f32 5x5x5, which gained 8-9
-/// points once its prefetches reached 4 KiB ahead (Intel, twenty-first session) and on Zen 3
-/// four trips ahead (eighteenth session's harness); the smaller ones are lane-packed.
-const PREFETCH_MIN_BYTES: usize = 300;
+/// and f32 6..12; 2x2x2..4x4x4 were mixed). Not where prefetches reach a minimum distance
+/// ahead ([`Target::prefetch_min_bytes_ahead`]): there every size gained.
+const PREFETCH_MIN_BYTES: usize = 400;
 
 /// Where prefetches reach several trips ahead ([`Target::prefetch_trips`]), f64 matrices
 /// prefetch only from this many bytes (A, B and C of a 16x16x16 problem): on Zen 3, four
@@ -230,7 +229,9 @@ fn matrix_bytes(problem: &ColMajorProblem) -> usize {
 /// about 10% (measured, f64 n = 12..32, batch in L2), so the planner's schedules do not
 /// prefetch and the runtime picks the variant by the size of the batch.
 pub fn prefetch_pays(problem: &ColMajorProblem, target: Target) -> bool {
-    let min_bytes = if target.prefetch_trips > 1 && problem.dtype == Dtype::F64 {
+    let min_bytes = if target.prefetch_min_bytes_ahead > 0 {
+        0
+    } else if target.prefetch_trips > 1 && problem.dtype == Dtype::F64 {
         FAR_PREFETCH_F64_MIN_BYTES
     } else {
         PREFETCH_MIN_BYTES
@@ -248,7 +249,8 @@ fn reblocks_tall(problem: &ColMajorProblem, target: Target, hot: &Schedule) -> b
 }
 
 /// Whether batches of `problem` that stream from memory may run a variant of the kernel
-/// compiled from `hot` ([`plan_streaming`]): where prefetching pays, where the variant
+/// compiled from `hot` ([`plan_streaming`]): where prefetching pays (not for `hot`
+/// lane-packed: lane-packed kernels do not prefetch), where the variant
 /// re-blocks as tall as m, and for the small matrices that `hot` lane-packs where a plain
 /// register block takes over (see [`streaming_block`]), and where `hot` has a dot-product
 /// tail (see [`without_dot_tail`]). With `reblock` false (a schedule the
@@ -261,7 +263,7 @@ pub fn streams_differently(
     hot: &Schedule,
     reblock: bool,
 ) -> bool {
-    prefetch_pays(problem, target)
+    (prefetch_pays(problem, target) && !hot.lane_pack)
         || (reblock
             && problem.batch_form == BatchForm::Strided
             && (reblocks_tall(problem, target, hot)
@@ -269,8 +271,12 @@ pub fn streams_differently(
                 || (hot.lane_pack && streaming_block(problem, target).is_some())))
 }
 
+/// Bytes per matrix below which a lane-packed hot schedule streams with a plain register
+/// block instead ([`streaming_block`]): 2x2x2 to 4x4x4 (f64 4x4x4 is 384 bytes).
+const STREAM_BLOCK_MAX_BYTES: usize = 400;
+
 /// The register block that streams the small matrices a hot schedule lane-packs
-/// (below [`PREFETCH_MIN_BYTES`]): one matrix a trip, its columns read and written whole
+/// (below [`STREAM_BLOCK_MAX_BYTES`]): one matrix a trip, its columns read and written whole
 /// (a block whose tail needs masked access is none: its masked stores overlap the next
 /// matrix's C). Measured from DRAM, one thread, alternated in one process, % of the GEMM
 /// pattern's bandwidth in the same rounds, lane-packed → plain block: f64 2x2x2 87-89 →
@@ -278,7 +284,7 @@ pub fn streams_differently(
 /// 80-92 → 96-113; f32 3x3x3 (a masked tail) 96 → 49-66. AVX-512 only: with AVX2 the
 /// same change was within the spread (bench, two alternated runs, 2..4).
 fn streaming_block(problem: &ColMajorProblem, target: Target) -> Option<Schedule> {
-    if matrix_bytes(problem) >= PREFETCH_MIN_BYTES || target.isa != Isa::Avx512 {
+    if matrix_bytes(problem) >= STREAM_BLOCK_MAX_BYTES || target.isa != Isa::Avx512 {
         return None;
     }
     let (_, s) = plan_blocks(problem, target);
@@ -332,7 +338,9 @@ pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule)
     let prefetch = prefetch_pays(problem, target);
     let prefetching = Schedule { prefetch, ..*hot };
     if hot.lane_pack {
-        return streaming_block(problem, target).unwrap_or(prefetching);
+        return streaming_block(problem, target)
+            .map(|s| Schedule { prefetch, ..s })
+            .unwrap_or(*hot);
     }
     if !reblocks_tall(problem, target, hot) {
         return prefetching;
@@ -680,8 +688,8 @@ mod tests {
     /// Where prefetching does not pay (Zen 4), the streaming variants never prefetch, and a
     /// batch streams differently exactly where they re-block: lane-packed small matrices
     /// and tall blocks from TALL_MIN_BYTES; on the other x86 targets, from
-    /// PREFETCH_MIN_BYTES (f64 from 16x16x16 where they prefetch four trips ahead), with
-    /// prefetches.
+    /// PREFETCH_MIN_BYTES (f64 from 16x16x16 where they prefetch four trips ahead; every
+    /// size where they reach a minimum distance ahead), with prefetches.
     #[test]
     fn streaming_variants_prefetch_only_where_it_pays() {
         for dtype in [Dtype::F64, Dtype::F32] {
@@ -693,29 +701,34 @@ mod tests {
                     let hot = plan(&problem, target);
                     let streaming = plan_streaming(&problem, target, &hot);
                     // Four trips ahead (Zen 3), f64 prefetches from 16x16x16 up only.
-                    let min = if target.prefetch_trips > 1 && dtype == Dtype::F64 {
+                    let min = if target.prefetch_min_bytes_ahead > 0 {
+                        0
+                    } else if target.prefetch_trips > 1 && dtype == Dtype::F64 {
                         6144
                     } else {
                         PREFETCH_MIN_BYTES
                     };
                     let pays = target.software_prefetch && bytes >= min;
                     assert_eq!(prefetch_pays(&problem, target), pays, "{spec:?} {target}");
-                    assert_eq!(streaming.prefetch, pays, "{spec:?} {target}");
-                    let reblocks = (hot.lane_pack && streaming_block(&problem, target).is_some())
-                        || (!hot.lane_pack && bytes >= TALL_MIN_BYTES)
-                        || hot.dot_tail;
+                    let block = hot.lane_pack && streaming_block(&problem, target).is_some();
+                    // Lane-packed kernels do not prefetch: they stream as they are unless a
+                    // plain block takes over.
+                    let prefetches = pays && (!hot.lane_pack || block);
+                    assert_eq!(streaming.prefetch, prefetches, "{spec:?} {target}");
+                    let reblocks =
+                        block || (!hot.lane_pack && bytes >= TALL_MIN_BYTES) || hot.dot_tail;
                     assert!(!streaming.dot_tail, "{spec:?} {target}");
                     assert_eq!(
                         streams_differently(&problem, target, &hot, true),
-                        pays || reblocks,
+                        (pays && !hot.lane_pack) || reblocks,
                         "{spec:?} {target}"
                     );
                     assert_eq!(
                         streams_differently(&problem, target, &hot, false),
-                        pays,
+                        pays && !hot.lane_pack,
                         "{spec:?} {target}"
                     );
-                    if !pays && !reblocks {
+                    if !prefetches && !reblocks {
                         assert_eq!(streaming, hot, "{spec:?} {target}");
                     }
                 }

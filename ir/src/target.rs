@@ -87,10 +87,11 @@ pub struct Target {
     pub prefetch_trips: u8,
     /// Those prefetches reach at least this many bytes of A, B and C ahead: more trips than
     /// [`Target::prefetch_trips`] where the matrices are small, whose next one is asked for
-    /// too late. 4 KiB on the Intel Xeons, where streaming from DRAM went from 80-83% of the
-    /// bound to 89-97% at f64 5..8 and f32 5..8 (one and two threads; 2 and 8 KiB did about
-    /// as well at most sizes; docs/perf-notes.md, twenty-first session); 0 on AMD, whose
-    /// distance [`Target::prefetch_trips`] alone sets (measured on Zen 3 only).
+    /// too late. 4 KiB on the Intel Xeons, where every size then gains from prefetching
+    /// ([`crate::prefetch_pays`]): streaming from DRAM at one thread went from 72-87% of the
+    /// bound to 87-99% at f64 2..8 and f32 2 and 4..8 (2 and 8 KiB did about as well;
+    /// docs/perf-notes.md, twenty-first session); 0 on AMD, whose distance
+    /// [`Target::prefetch_trips`] alone sets (measured on Zen 3 only).
     #[serde(default = "intel_min_bytes_ahead")]
     pub prefetch_min_bytes_ahead: u32,
     /// AVX2's masked stores (`vmaskmovps` / `vmaskmovpd` to memory) are slow: microcoded on
