@@ -137,7 +137,15 @@ pub fn lower(
     }
     if schedule.lane_pack {
         // Its own lowering, which validates the schedule as it lays the problem out.
-        return crate::lane_pack::lower(problem, target, schedule);
+        let mut program = crate::lane_pack::lower(problem, target, schedule)?;
+        if schedule.prefetch && problem.batch_form == BatchForm::Strided {
+            crate::prefetch::insert(
+                &mut program.ops,
+                target.prefetch_trips,
+                target.prefetch_min_bytes_ahead,
+            );
+        }
+        return Ok(program);
     }
     schedule.validate(problem, target)?;
     let lanes = schedule.lanes(target, problem.dtype);

@@ -249,8 +249,7 @@ fn reblocks_tall(problem: &ColMajorProblem, target: Target, hot: &Schedule) -> b
 }
 
 /// Whether batches of `problem` that stream from memory may run a variant of the kernel
-/// compiled from `hot` ([`plan_streaming`]): where prefetching pays (not for `hot`
-/// lane-packed: lane-packed kernels do not prefetch), where the variant
+/// compiled from `hot` ([`plan_streaming`]): where prefetching pays, where the variant
 /// re-blocks as tall as m, and for the small matrices that `hot` lane-packs where a plain
 /// register block takes over (see [`streaming_block`]), and where `hot` has a dot-product
 /// tail (see [`without_dot_tail`]). With `reblock` false (a schedule the
@@ -263,7 +262,7 @@ pub fn streams_differently(
     hot: &Schedule,
     reblock: bool,
 ) -> bool {
-    (prefetch_pays(problem, target) && !hot.lane_pack)
+    prefetch_pays(problem, target)
         || (reblock
             && problem.batch_form == BatchForm::Strided
             && (reblocks_tall(problem, target, hot)
@@ -340,7 +339,7 @@ pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule)
     if hot.lane_pack {
         return streaming_block(problem, target)
             .map(|s| Schedule { prefetch, ..s })
-            .unwrap_or(*hot);
+            .unwrap_or(prefetching);
     }
     if !reblocks_tall(problem, target, hot) {
         return prefetching;
@@ -710,25 +709,22 @@ mod tests {
                     };
                     let pays = target.software_prefetch && bytes >= min;
                     assert_eq!(prefetch_pays(&problem, target), pays, "{spec:?} {target}");
-                    let block = hot.lane_pack && streaming_block(&problem, target).is_some();
-                    // Lane-packed kernels do not prefetch: they stream as they are unless a
-                    // plain block takes over.
-                    let prefetches = pays && (!hot.lane_pack || block);
-                    assert_eq!(streaming.prefetch, prefetches, "{spec:?} {target}");
-                    let reblocks =
-                        block || (!hot.lane_pack && bytes >= TALL_MIN_BYTES) || hot.dot_tail;
+                    assert_eq!(streaming.prefetch, pays, "{spec:?} {target}");
+                    let reblocks = (hot.lane_pack && streaming_block(&problem, target).is_some())
+                        || (!hot.lane_pack && bytes >= TALL_MIN_BYTES)
+                        || hot.dot_tail;
                     assert!(!streaming.dot_tail, "{spec:?} {target}");
                     assert_eq!(
                         streams_differently(&problem, target, &hot, true),
-                        (pays && !hot.lane_pack) || reblocks,
+                        pays || reblocks,
                         "{spec:?} {target}"
                     );
                     assert_eq!(
                         streams_differently(&problem, target, &hot, false),
-                        pays && !hot.lane_pack,
+                        pays,
                         "{spec:?} {target}"
                     );
-                    if !prefetches && !reblocks {
+                    if !pays && !reblocks {
                         assert_eq!(streaming, hot, "{spec:?} {target}");
                     }
                 }

@@ -52,7 +52,7 @@ pub struct Schedule {
     /// lanes hold a 2x2 C or a column of a 4x4 one, A's columns are repeated across groups
     /// and B's elements picked by in-register permutes (3x3x3: one vector holds C, full
     /// permutes). Block fields (m_vectors, n_cols, k_unroll, the unroll flags,
-    /// split_tail, interleave, prefetch) do not apply; `batch_unroll` counts vectors of C.
+    /// split_tail, interleave) do not apply; `batch_unroll` counts vectors of C.
     #[serde(default)]
     pub lane_pack: bool,
     /// With m one more than a multiple of the lanes, compute C's last row as dot products

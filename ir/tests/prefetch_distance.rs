@@ -52,3 +52,25 @@ fn small_matrices_are_prefetched_several_trips_ahead() {
     };
     assert_eq!(nearest_prefetch(Dtype::F64, 5, one_trip), 200);
 }
+
+#[test]
+fn lane_packed_kernels_prefetch_too() {
+    let intel = Target::new(Isa::Avx512);
+    // f32 3x3x3: 36 bytes of each operand a matrix, in one vector of C.
+    let spec = GemmSpec::builder(Dtype::F32, 3, 3, 3).build().unwrap();
+    let hot = plan(&spec.col_major(), intel);
+    assert!(hot.lane_pack, "{hot:?}");
+    let schedule = Schedule {
+        prefetch: true,
+        ..hot
+    };
+    let (_, program) = compile_program(&spec, intel, Some(&schedule)).unwrap();
+    let mut offsets = Vec::new();
+    prefetch_offsets(&program.ops, &mut offsets);
+    let nearest = *offsets
+        .iter()
+        .min()
+        .expect("the lane-packed kernel prefetches");
+    // A third of the 4 KiB ahead in each of A, B and C, whole matrices ahead.
+    assert!(nearest >= 4096 / 3 && nearest % 36 == 0, "{nearest}");
+}

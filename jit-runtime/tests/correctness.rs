@@ -374,7 +374,7 @@ fn dot_product_tails_avx512() {
 /// Lane-packed kernels (2x2x2, 3x3x3 and 4x4xk, `Schedule::lane_pack`): every vector width they
 /// run at, one to three vector groups per trip, batch lengths that leave every remainder,
 /// each scalar kind, row-major specs, and gaps between the matrices (whose sentinels catch
-/// stray writes) wherever one vector holds at most one matrix.
+/// stray writes) wherever one vector holds at most one matrix; half of them prefetching.
 fn lane_packed(isa: Isa) {
     let Some(jit) = jit(isa) else { return };
     // AMD's AVX2 target packs no f64 (its cross-lane permutes are slow): the kernels it
@@ -403,9 +403,11 @@ fn lane_packed(isa: Isa) {
         };
         for &width in target.vector_widths() {
             for batch_unroll in [0, 2, 3] {
+                // Every other one prefetches the next matrices (the streaming variant).
                 let s = Schedule {
                     vector_bytes: width,
                     batch_unroll,
+                    prefetch: (kernels + batch_unroll) % 2 == 1,
                     ..packed
                 };
                 if s.validate(&problem, target).is_err() {
@@ -540,14 +542,14 @@ fn streaming_batches_run_the_streaming_variant() {
 /// Batch strides of 0 reuse one A or B for every matrix.
 /// Batches of small matrices that the hot schedule lane-packs stream through a plain register
 /// block on AVX-512 where its columns need no masked access (f64 2x2x2, 4x4x4), and stay
-/// lane-packed where they would (f32 3x3x3).
+/// lane-packed where they would (f32 3x3x3), prefetching where that pays.
 #[test]
 fn small_lane_packed_matrices_stream_through_plain_blocks() {
     let Some(jit) = jit(Isa::Avx512) else { return };
     // The planner's schedules: a tuned entry may block a shape the planner lane-packs (the
     // AMD machine's f64 4x4x4).
     let jit = jit.with_tuning(smallgemm::tuning::TuningDb::default());
-    for (n, dtype, streams) in [
+    for (n, dtype, plain_block) in [
         (2, Dtype::F64, true),
         (4, Dtype::F64, true),
         (3, Dtype::F32, false),
@@ -566,10 +568,17 @@ fn small_lane_packed_matrices_stream_through_plain_blocks() {
         );
         let per_matrix = 3 * n * n * dtype.size();
         let batch = (24 << 20) / per_matrix;
-        assert_eq!(kernel.streams(batch), streams, "{} x {batch}", spec.name());
+        let prefetches = smallgemm_ir::prefetch_pays(&spec.col_major(), jit.target());
+        assert_eq!(
+            kernel.streams(batch),
+            plain_block || prefetches,
+            "{} x {batch}",
+            spec.name()
+        );
         let planned =
             smallgemm_ir::plan_streaming(&spec.col_major(), jit.target(), kernel.schedule());
-        assert_eq!(planned.lane_pack, !streams, "{planned:?}");
+        assert_eq!(planned.lane_pack, !plain_block, "{planned:?}");
+        assert_eq!(planned.prefetch, prefetches, "{planned:?}");
         match dtype {
             Dtype::F64 => common::check_spec::<f64>(&jit, &spec, batch, 79),
             _ => common::check_spec::<f32>(&jit, &spec, batch, 80),
