@@ -51,8 +51,9 @@ pub fn default_path() -> Option<PathBuf> {
 /// The tuning database built into the library: `smallgemm tune --dtype both --sizes 2..32
 /// --candidates 32 --reps 31`, and the same with `--sizes none --small-k`, on the
 /// development machines (see `jit-runtime/tuning/`): an Intel Xeon (every shape; thirteen
-/// squares re-tuned on a later Xeon where three alternated `smallgemm bench` runs confirmed
-/// the new winner, docs/perf-notes.md, twenty-first session), and an AMD EPYC (Zen 4) where
+/// squares and twelve small-k shapes re-tuned on a later Xeon where three alternated
+/// `smallgemm bench` runs confirmed the new winner, docs/perf-notes.md, twenty-first
+/// session), and an AMD EPYC (Zen 4) where
 /// only the winners that `smallgemm bench` confirmed against the planner in three alternated
 /// runs were kept: f64 3x3x3 and 4x4x4 (docs/perf-notes.md, ninth session), and f64 and f32
 /// 4x4x8, 4x4x16 and 4x4x32 (tenth session).
