@@ -6,13 +6,18 @@
 //!
 //! ```json
 //! { "version": 1,
-//!   "cpu": { "Intel(R) Xeon(R) Processor | avx512": { "f64 16x16x16 nn": { "m_vectors": 2, ... } } },
+//!   "cpu": { "Intel(R) Xeon(R) Processor (family 6 model 207) | avx512":
+//!              { "f64 16x16x16 nn": { "m_vectors": 2, ... } } },
 //!   "gpu": { ... } }
 //! ```
 //!
+//! A machine is keyed by CPU model name, family and model numbers and ISA
+//! ([`machine_key`]); lookups fall back to entries under the model name and ISA alone
+//! ([`model_key`]), the form of databases written before the numbers were part of the key.
+//!
 //! The library also ships a database of its own ([`shipped`]): what `smallgemm tune` found on
 //! the machines smallgemm was developed on. It fills in the shapes the user's database does
-//! not have, for those machines only (the key is the CPU model and ISA).
+//! not have, for those machines only.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -50,10 +55,12 @@ pub fn default_path() -> Option<PathBuf> {
 
 /// The tuning database built into the library: `smallgemm tune --dtype both --sizes 2..32
 /// --candidates 32 --reps 31`, and the same with `--sizes none --small-k`, on the
-/// development machines (see `jit-runtime/tuning/`): an Intel Xeon (every shape; thirteen
-/// squares and twelve small-k shapes re-tuned on a later Xeon where three alternated
-/// `smallgemm bench` runs confirmed the new winner, docs/perf-notes.md, twenty-first
-/// session), and an AMD EPYC (Zen 4) where
+/// development machines (see `jit-runtime/tuning/`): an Intel Xeon (every shape, under its
+/// model name: Sapphire Rapids, reported as "Intel(R) Xeon(R) Processor"), an Emerald
+/// Rapids Xeon reporting the same name (family 6 model 207: thirteen squares and twelve
+/// small-k shapes re-tuned where three alternated `smallgemm bench` runs confirmed the new
+/// winner over the Sapphire Rapids entry, docs/perf-notes.md, twenty-first session; the
+/// rest falls back to those), and an AMD EPYC (Zen 4) where
 /// only the winners that `smallgemm bench` confirmed against the planner in three alternated
 /// runs were kept: f64 3x3x3 and 4x4x4 (docs/perf-notes.md, ninth session), and f64 and f32
 /// 4x4x8, 4x4x16 and 4x4x32 (tenth session).
@@ -89,8 +96,52 @@ pub fn cpu_model() -> &'static str {
     })
 }
 
-/// The key of one machine: CPU model and ISA, since a schedule is tuned for both.
+/// This CPU's family and model numbers as Linux reports them ("family 6 model 207"), or
+/// None where they cannot be read. Read once per process.
+fn cpu_generation() -> Option<&'static str> {
+    static GENERATION: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    GENERATION
+        .get_or_init(|| {
+            let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+            let field = |name: &str| {
+                text.lines()
+                    .find(|l| l.split(':').next().map(str::trim) == Some(name))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            };
+            Some(format!(
+                "family {} model {}",
+                field("cpu family")?,
+                field("model")?
+            ))
+        })
+        .as_deref()
+}
+
+/// The key of one machine: CPU model, generation and ISA, since a schedule is tuned for
+/// all three ("Intel(R) Xeon(R) Processor (family 6 model 207) | avx512"). Virtual
+/// machines often report a model name that many generations share; the family and model
+/// numbers tell them apart. Where they cannot be read, the model name alone
+/// ([`model_key`]).
 pub fn machine_key(isa: Isa) -> String {
+    match cpu_generation() {
+        Some(generation) => format!("{} ({generation}) | {isa}", cpu_model()),
+        None => model_key(isa),
+    }
+}
+
+/// `machine` ([`machine_key`]'s form) without its generation: the [`model_key`] it falls
+/// back to, or None where it names no generation.
+fn without_generation(machine: &str) -> Option<String> {
+    let (name, rest) = machine.split_once(" (family ")?;
+    let (_, isa) = rest.split_once(") | ")?;
+    Some(format!("{name} | {isa}"))
+}
+
+/// The key by CPU model name and ISA only: entries stored before keys named the
+/// generation, and ones meant for every generation that shares the name. Lookups fall back
+/// to it.
+pub fn model_key(isa: Isa) -> String {
     format!("{} | {isa}", cpu_model())
 }
 
@@ -147,15 +198,16 @@ impl TuningDb {
             .map_err(|e| Error::TuningDb(format!("{}: {e}", path.display())))
     }
 
-    /// The tuned schedule for `spec` on this machine with `isa`, if any.
+    /// The tuned schedule for `spec` on this machine with `isa`, if any: this CPU
+    /// generation's entry ([`machine_key`]), else its model name's ([`model_key`]).
     pub fn lookup(&self, isa: Isa, spec: &GemmSpec) -> Option<Schedule> {
         if self.cpu.is_empty() {
             return None;
         }
-        self.cpu
-            .get(&machine_key(isa))?
-            .get(&shape_key(spec))
-            .copied()
+        let shape = shape_key(spec);
+        [machine_key(isa), model_key(isa)]
+            .iter()
+            .find_map(|machine| self.cpu.get(machine)?.get(&shape).copied())
     }
 
     /// Records the tuned schedule for `spec` on this machine with `isa`.
@@ -167,18 +219,24 @@ impl TuningDb {
             .insert(shape_key(spec), schedule);
     }
 
-    /// This database with the entries of `fallback` that it does not have (its own win).
+    /// This database with the entries of `fallback` that it does not have (its own win,
+    /// including its entries under a model name alone over `fallback`'s for a generation of
+    /// that model, which lookups would otherwise find first).
     pub fn with_fallback(mut self, fallback: &TuningDb) -> TuningDb {
         for (machine, shapes) in &fallback.cpu {
+            let model_wide = without_generation(machine).and_then(|m| self.cpu.get(&m).cloned());
             let mine = self.cpu.entry(machine.clone()).or_default();
             for (shape, schedule) in shapes {
+                if model_wide.as_ref().is_some_and(|m| m.contains_key(shape)) {
+                    continue;
+                }
                 mine.entry(shape.clone()).or_insert(*schedule);
             }
         }
         self
     }
 
-    /// Schedules stored for this machine with `isa`.
+    /// Schedules stored for this machine's generation with `isa` ([`machine_key`]).
     pub fn entries(&self, isa: Isa) -> usize {
         self.cpu.get(&machine_key(isa)).map_or(0, |m| m.len())
     }
@@ -222,6 +280,51 @@ mod tests {
         std::fs::write(&path, "{ not json").unwrap();
         assert!(matches!(TuningDb::load(&path), Err(Error::TuningDb(_))));
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn generations_of_one_model_keep_their_own_entries() {
+        let spec = GemmSpec::builder(Dtype::F64, 5, 6, 7).build().unwrap();
+        let planned = smallgemm_ir::plan(&spec.col_major(), smallgemm_ir::Target::AVX512);
+        let wide = Schedule {
+            n_cols: 2,
+            ..planned
+        };
+        let own = Schedule {
+            n_cols: 3,
+            ..planned
+        };
+        // An entry under the model name alone serves every generation of the model...
+        let mut db = TuningDb::default();
+        db.cpu
+            .entry(model_key(Isa::Avx512))
+            .or_default()
+            .insert(shape_key(&spec), wide);
+        assert_eq!(db.lookup(Isa::Avx512, &spec), Some(wide));
+        // ... until this generation has its own.
+        db.insert(Isa::Avx512, &spec, own);
+        assert_eq!(db.lookup(Isa::Avx512, &spec), Some(own));
+        assert_eq!(
+            without_generation("Xeon (family 6 model 207) | avx512").as_deref(),
+            Some("Xeon | avx512")
+        );
+        assert_eq!(without_generation("Xeon | avx512"), None);
+        // A user's model-wide entry wins over a shipped one for a generation; the shipped
+        // generation's other shapes fill in.
+        let (generation, model) = ("Xeon (family 6 model 207) | avx512", "Xeon | avx512");
+        let mut user = TuningDb::default();
+        user.cpu
+            .entry(model.into())
+            .or_default()
+            .insert("f64 5x6x7 nn".into(), wide);
+        let mut shipped = TuningDb::default();
+        let entries = shipped.cpu.entry(generation.into()).or_default();
+        entries.insert("f64 5x6x7 nn".into(), own);
+        entries.insert("f64 8x8x8 nn".into(), own);
+        let merged = user.with_fallback(&shipped);
+        assert!(!merged.cpu[generation].contains_key("f64 5x6x7 nn"));
+        assert_eq!(merged.cpu[generation]["f64 8x8x8 nn"], own);
+        assert_eq!(merged.cpu[model]["f64 5x6x7 nn"], wide);
     }
 
     #[test]
