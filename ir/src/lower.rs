@@ -135,18 +135,28 @@ pub fn lower(
             target,
         });
     }
-    if schedule.lane_pack {
+    let mut program = if schedule.lane_pack {
         // Its own lowering, which validates the schedule as it lays the problem out.
-        let mut program = crate::lane_pack::lower(problem, target, schedule)?;
-        if schedule.prefetch && problem.batch_form == BatchForm::Strided {
-            crate::prefetch::insert(
-                &mut program.ops,
-                target.prefetch_trips,
-                target.prefetch_min_bytes_ahead,
-            );
-        }
-        return Ok(program);
+        crate::lane_pack::lower(problem, target, schedule)?
+    } else {
+        lower_blocks(problem, target, schedule)?
+    };
+    if schedule.prefetch && problem.batch_form == BatchForm::Strided {
+        crate::prefetch::insert(
+            &mut program.ops,
+            target.prefetch_trips,
+            target.prefetch_min_bytes_ahead,
+        );
     }
+    Ok(program)
+}
+
+/// [`lower`] for register-block schedules, without the prefetches.
+fn lower_blocks(
+    problem: &ColMajorProblem,
+    target: Target,
+    schedule: &Schedule,
+) -> Result<Program, LowerError> {
     schedule.validate(problem, target)?;
     let lanes = schedule.lanes(target, problem.dtype);
     let regs = schedule.registers(problem, target);
@@ -171,15 +181,7 @@ pub fn lower(
         vregs_used: regs.total(),
         dot: None,
     };
-    let mut program = l.program()?;
-    if schedule.prefetch && problem.batch_form == BatchForm::Strided {
-        crate::prefetch::insert(
-            &mut program.ops,
-            target.prefetch_trips,
-            target.prefetch_min_bytes_ahead,
-        );
-    }
-    Ok(program)
+    l.program()
 }
 
 impl Lowering<'_> {
