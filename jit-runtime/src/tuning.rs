@@ -78,44 +78,40 @@ pub(crate) fn shipped_shared() -> &'static Arc<TuningDb> {
     })
 }
 
-/// This CPU's model name (from /proc/cpuinfo on Linux), or "unknown". Read once per
-/// process: every compilation looks up the tuning database, and reading /proc/cpuinfo
-/// costs more than compiling a small kernel.
-pub fn cpu_model() -> &'static str {
-    static MODEL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    MODEL.get_or_init(|| {
-        std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|text| {
-                text.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split_once(':'))
-                    .map(|(_, v)| v.trim().to_string())
+/// What /proc/cpuinfo (Linux) says of this CPU, read once per process: every compilation
+/// looks up the tuning database, and reading /proc/cpuinfo costs more than compiling a
+/// small kernel.
+struct CpuIdentity {
+    /// The model name, or "unknown".
+    model: String,
+    /// The family and model numbers ("family 6 model 207"), where both can be read.
+    generation: Option<String>,
+}
+
+fn cpu_identity() -> &'static CpuIdentity {
+    static IDENTITY: std::sync::OnceLock<CpuIdentity> = std::sync::OnceLock::new();
+    IDENTITY.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        // The first processor's line "name<tabs>: value".
+        let field = |name: &str| {
+            text.lines().find_map(|l| {
+                let (key, value) = l.split_once(':')?;
+                (key.trim() == name).then(|| value.trim().to_string())
             })
-            .unwrap_or_else(|| "unknown".to_string())
+        };
+        let generation = field("cpu family")
+            .zip(field("model"))
+            .map(|(family, model)| format!("family {family} model {model}"));
+        CpuIdentity {
+            model: field("model name").unwrap_or_else(|| "unknown".to_string()),
+            generation,
+        }
     })
 }
 
-/// This CPU's family and model numbers as Linux reports them ("family 6 model 207"), or
-/// None where they cannot be read. Read once per process.
-fn cpu_generation() -> Option<&'static str> {
-    static GENERATION: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    GENERATION
-        .get_or_init(|| {
-            let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-            let field = |name: &str| {
-                text.lines()
-                    .find(|l| l.split(':').next().map(str::trim) == Some(name))
-                    .and_then(|l| l.split_once(':'))
-                    .map(|(_, v)| v.trim().to_string())
-            };
-            Some(format!(
-                "family {} model {}",
-                field("cpu family")?,
-                field("model")?
-            ))
-        })
-        .as_deref()
+/// This CPU's model name (from /proc/cpuinfo on Linux), or "unknown".
+pub fn cpu_model() -> &'static str {
+    &cpu_identity().model
 }
 
 /// The key of one machine: CPU model, generation and ISA, since a schedule is tuned for
@@ -124,7 +120,7 @@ fn cpu_generation() -> Option<&'static str> {
 /// numbers tell them apart. Where they cannot be read, the model name alone
 /// ([`model_key`]).
 pub fn machine_key(isa: Isa) -> String {
-    match cpu_generation() {
+    match &cpu_identity().generation {
         Some(generation) => format!("{} ({generation}) | {isa}", cpu_model()),
         None => model_key(isa),
     }
@@ -224,14 +220,18 @@ impl TuningDb {
     /// that model, which lookups would otherwise find first).
     pub fn with_fallback(mut self, fallback: &TuningDb) -> TuningDb {
         for (machine, shapes) in &fallback.cpu {
-            let model_wide = without_generation(machine).and_then(|m| self.cpu.get(&m).cloned());
-            let mine = self.cpu.entry(machine.clone()).or_default();
-            for (shape, schedule) in shapes {
-                if model_wide.as_ref().is_some_and(|m| m.contains_key(shape)) {
-                    continue;
-                }
-                mine.entry(shape.clone()).or_insert(*schedule);
-            }
+            let model_wide = without_generation(machine);
+            let has = |machine: &str, shape: &String| {
+                self.cpu.get(machine).is_some_and(|m| m.contains_key(shape))
+            };
+            let missing: Vec<(String, Schedule)> = shapes
+                .iter()
+                .filter(|(shape, _)| {
+                    !has(machine, shape) && !model_wide.as_deref().is_some_and(|m| has(m, shape))
+                })
+                .map(|(shape, schedule)| (shape.clone(), *schedule))
+                .collect();
+            self.cpu.entry(machine.clone()).or_default().extend(missing);
         }
         self
     }
