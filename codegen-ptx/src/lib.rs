@@ -232,10 +232,8 @@ pub fn plan(spec: &GemmSpec, target: &GpuTarget, kind: BatchKind) -> Result<GpuS
         s.async_copies = true;
     }
     // `vector_reads` pads A and B in shared memory: where the block no longer fits (many
-    // problems of long k per block), fewer problems a block, as in `plan_gpu`, or none.
-    while s.tba > 1 && s.validate(&p, target).is_err() {
-        s.tba -= 1;
-    }
+    // problems of long k per block), fewer problems a block, or no `vector_reads`.
+    s.shrink_tba_to_fit(&p, target);
     if s.vector_reads && s.validate(&p, target).is_err() {
         s.vector_reads = false;
     }

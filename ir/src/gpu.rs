@@ -628,6 +628,14 @@ impl GpuSchedule {
         }
     }
 
+    /// Fewer problems a block until the block fits `target` (shared memory grows with them
+    /// and with k), down to one.
+    pub fn shrink_tba_to_fit(&mut self, p: &ColMajorProblem, target: &GpuTarget) {
+        while self.tba > 1 && self.validate(p, target).is_err() {
+            self.tba -= 1;
+        }
+    }
+
     /// Checks the hard constraints of `target` for problem `p`.
     pub fn validate(
         &self,
@@ -1044,10 +1052,7 @@ fn plan_within_limits(
             s.column_sweep = true;
         }
     }
-    // Shrink tba until the block fits (shared memory of large k, say).
-    while s.tba > 1 && s.validate(p, target).is_err() {
-        s.tba -= 1;
-    }
+    s.shrink_tba_to_fit(p, target);
     if s.prefetch_c && s.validate(p, target).is_err() {
         // Too many tiles per warp (a long, thin shape) to hold C's old values too.
         s.prefetch_c = false;
