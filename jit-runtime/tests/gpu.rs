@@ -1065,17 +1065,16 @@ fn variable<T: GpuElement + smallgemm::Element>(
         gpu.upload_raw(&pc).map_err(err)?,
     );
     let dd = gpu.upload_raw(&dims).map_err(err)?;
-    // A second set of C matrices (the same initial values) for the bucketed launch.
+    // A second set of C matrices (the same initial values) for the bucketed launches.
+    let c_init: Vec<Vec<T>> = problems.iter_mut().map(|p| p.c_mut().to_vec()).collect();
     let mut c2 = Vec::new();
-    for p in problems.iter_mut() {
-        c2.push(gpu.upload(p.c_mut()).map_err(err)?);
+    for c in &c_init {
+        c2.push(gpu.upload(c).map_err(err)?);
     }
     let pc2: Vec<u64> = c2.iter().map(|c| c.device_ptr(s).0).collect();
     let buckets = gpu
         .bucket_variable(spec, &pa, &pb, &pc2, &dims)
         .map_err(err)?;
-    // SAFETY: as below, with the second set of C matrices.
-    unsafe { buckets.launch::<T>(s, alpha, beta) }.map_err(err)?;
     let k = gpu.kernel(spec, BatchKind::VariableSize).map_err(err)?;
     // SAFETY: each pointer addresses its own problem's buffers, checked by check_dims.
     unsafe { k.launch_variable::<T>(s, &da, &db, &dc, &dd, problems.len(), alpha, beta) }
@@ -1091,16 +1090,32 @@ fn variable<T: GpuElement + smallgemm::Element>(
             ));
         }
     }
-    for (p, c) in problems.iter_mut().zip(&c2) {
-        let out = gpu.download(c).map_err(err)?;
-        p.c_mut().copy_from_slice(&out);
-        if let Some(f) = p.check(alpha, beta).failure {
-            return Err(format!(
-                "{} in bucketed variable batch {} ({} buckets): {f}",
-                p.spec.name(),
-                spec.name(),
-                buckets.buckets()
-            ));
+    // The bucketed batch five times, C reset before each: issued bucket by bucket, captured
+    // as a graph, replayed, then (where the scalars are run-time values) other scalars
+    // issued and captured again.
+    let other = |s: Scalar, v: f64, runtime: f64| if s.value().is_some() { v } else { runtime };
+    let (alpha2, beta2) = (
+        other(spec.alpha(), alpha, -0.5),
+        other(spec.beta(), beta, 2.0),
+    );
+    let rounds = [(alpha, beta); 3].into_iter().chain([(alpha2, beta2); 2]);
+    for (round, (a, b)) in rounds.enumerate() {
+        for (c, init) in c2.iter_mut().zip(&c_init) {
+            s.memcpy_htod(init, c).map_err(|e| err(e.into()))?;
+        }
+        // SAFETY: as above, with the second set of C matrices.
+        unsafe { buckets.launch::<T>(s, a, b) }.map_err(err)?;
+        for (p, c) in problems.iter_mut().zip(&c2) {
+            let out = gpu.download(c).map_err(err)?;
+            p.c_mut().copy_from_slice(&out);
+            if let Some(f) = p.check(a, b).failure {
+                return Err(format!(
+                    "{} in bucketed variable batch {} ({} buckets), launch {round}: {f}",
+                    p.spec.name(),
+                    spec.name(),
+                    buckets.buckets()
+                ));
+            }
         }
     }
     Ok(())
