@@ -241,11 +241,11 @@ fn pointer_arrays() {
     runner.finish("pointer arrays", 6 * 3 * 4, &[]);
 }
 
-/// Dot-product tails (`Schedule::dot_tail`): C's last row as dot products summed across
-/// lanes by transpose-adds (vshuff32x4 / vshuff64x2, vshufps / vshufpd), with m one more
-/// than a multiple of the lanes (m = 1 too), k below, at and past a vector, n past the
-/// lanes; the planned blocks for the other rows and a looped, batch-unrolled, prefetching
-/// form; every alpha and beta kind, A transposed or not, padding.
+/// Dot-product tails (`Schedule::dot_tail`): C's last rows as dot products summed across
+/// lanes by transpose-adds (vshuff32x4 / vshuff64x2, vshufps / vshufpd), with m one or two
+/// more than a multiple of the lanes (m = 1 and 2 too), k below, at and past a vector, n
+/// past the lanes; the planned blocks for the other rows and a looped, batch-unrolled,
+/// prefetching form; every alpha and beta kind, A transposed or not, padding.
 #[test]
 fn dot_product_tails() {
     let mut runner = Runner::default();
@@ -264,7 +264,7 @@ fn dot_product_tails() {
     }
     runner.finish(
         "dot-product tails",
-        10 * 8 * 2,
+        10 * 13 * 2,
         &[
             "vshuff32x4 zmm",
             "vshuff64x2 zmm",

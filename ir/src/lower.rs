@@ -72,9 +72,13 @@ struct RowBlock {
 /// scratch memory, each 64-byte aligned.
 #[derive(Clone, Copy, Debug)]
 struct DotTail {
-    /// op(A)'s last row, gathered there when A is not transposed (k elements).
+    /// C's rows past the last whole vector that are dot products (m % lanes).
+    rows: usize,
+    /// op(A)'s last `rows` rows, gathered there when A is not transposed (k elements each,
+    /// whole vectors apart).
     a_row: i64,
-    /// The row's products with B's columns (n elements, rounded up to whole vectors).
+    /// The rows' products with B's columns, column by column (`rows` elements a column),
+    /// rounded up to whole vectors.
     sums: i64,
     /// The mask of k's last group of lanes, when it is partial.
     k_mask: Option<Mask>,
@@ -211,15 +215,17 @@ impl Lowering<'_> {
             0
         };
         if self.s.dot_tail && p.alpha != Scalar::Zero {
-            // After the scalars and the packed panel: A's row, then the sums.
+            let rows = p.m % self.lanes;
+            // After the scalars and the packed panel: A's rows, then the sums.
             let a_row = scratch_bytes.max(PANEL_OFFSET);
-            // A transposed: its row is read in place.
+            // A transposed: its rows are read in place.
             let gathered = (p.trans_a == Trans::N) as i64 * p.k.div_ceil(self.lanes) as i64;
-            let sums = a_row + gathered * 64;
-            scratch_bytes = sums + p.n.div_ceil(self.lanes) as i64 * 64;
+            let sums = a_row + rows as i64 * gathered * 64;
+            scratch_bytes = sums + (p.n * rows).div_ceil(self.lanes) as i64 * 64;
             let rest = p.k % self.lanes;
             let k_mask = if rest != 0 { self.b_mask(rest) } else { None };
             self.dot = Some(DotTail {
+                rows,
                 a_row,
                 sums,
                 k_mask,
@@ -485,7 +491,7 @@ impl Lowering<'_> {
             // First, so that the row's stores are long retired when the tail loads it.
             self.gather_dot_row(out, d)?;
         }
-        let m = p.m - dot.is_some() as usize;
+        let m = p.m - dot.map_or(0, |d| d.rows);
         let mr = self.s.m_vectors * self.lanes;
         let (full, rem) = (m / mr, m % mr);
         let a_step = match p.trans_a {
@@ -515,62 +521,73 @@ impl Lowering<'_> {
         }
     }
 
-    /// Copies op(A)'s last row (A not transposed: a row of A, lda apart) into scratch
-    /// memory, contiguous for the dot-product tail's vector loads.
+    /// Copies op(A)'s last `d.rows` rows (A not transposed: rows of A, lda apart) into
+    /// scratch memory, each contiguous for the dot-product tail's vector loads.
     fn gather_dot_row(&mut self, out: &mut Vec<Op>, d: DotTail) -> Result<(), LowerError> {
         let (p, elt) = (self.p, self.elt);
-        let row = self
-            .loaded(out, self.bases[0], Role::RowA)
-            .plus((p.m as i64 - 1) * elt);
+        let a = self.loaded(out, self.bases[0], Role::RowA);
+        let row_bytes = (p.k.div_ceil(self.lanes) * 64) as i64;
         // No block is live between matrices.
         let t = VReg(0);
-        for q in 0..p.k as i64 {
-            out.push(Op::LoadScalar {
-                dst: t,
-                addr: addr(row.plus(q * p.lda as i64 * elt))?,
-            });
-            out.push(Op::StoreScalar {
-                addr: addr(Cursor::at(Gpr::SCRATCH).plus(d.a_row + q * elt))?,
-                src: t,
-            });
+        for r in 0..d.rows {
+            let row = a.plus((p.m - d.rows + r) as i64 * elt);
+            let to = d.a_row + r as i64 * row_bytes;
+            for q in 0..p.k as i64 {
+                out.push(Op::LoadScalar {
+                    dst: t,
+                    addr: addr(row.plus(q * p.lda as i64 * elt))?,
+                });
+                out.push(Op::StoreScalar {
+                    addr: addr(Cursor::at(Gpr::SCRATCH).plus(to + q * elt))?,
+                    src: t,
+                });
+            }
         }
         Ok(())
     }
 
-    /// C's last row: each column's dot product of op(A)'s last row with B's column, a vector
-    /// of k at a time, `lanes` columns summed across their lanes together by a tree of
-    /// transpose-adds into one vector of sums, stored to scratch; then the row's blocks
-    /// take their accumulators from there into the usual epilogue.
+    /// C's last `d.rows` rows: each (row, column) pair's dot product of a row of op(A) with
+    /// B's column, a vector of k at a time; `lanes` pairs (`lanes / rows` columns, each
+    /// column's rows side by side) summed across their lanes together by a tree of
+    /// transpose-adds into one vector of sums, stored to scratch column by column; then
+    /// the rows' blocks take their accumulators from there into the usual epilogue.
     fn dot_row(&mut self, out: &mut Vec<Op>, d: DotTail) -> Result<(), LowerError> {
-        let (p, elt, lanes) = (self.p, self.elt, self.lanes);
-        // The blocks' loop registers are free again: the row needs no more of them.
+        let (p, elt, lanes, rows) = (self.p, self.elt, self.lanes, d.rows);
+        // The blocks' loop registers are free again: the rows need no more of them.
         let b = self.loaded(out, self.bases[1], Role::ColB);
-        let a_row = match p.trans_a {
-            Trans::N => Cursor::at(Gpr::SCRATCH).plus(d.a_row),
+        let first_row = p.m - rows;
+        let a_rows: Vec<Cursor> = match p.trans_a {
+            Trans::N => {
+                let row_bytes = (p.k.div_ceil(lanes) * 64) as i64;
+                (0..rows)
+                    .map(|r| Cursor::at(Gpr::SCRATCH).plus(d.a_row + r as i64 * row_bytes))
+                    .collect()
+            }
             Trans::T => {
                 let a = self.loaded(out, self.bases[0], Role::RowA);
-                a.plus((p.m - 1) as i64 * p.lda as i64 * elt)
+                (0..rows)
+                    .map(|r| a.plus(((first_row + r) * p.lda) as i64 * elt))
+                    .collect()
             }
         };
         let order = crate::program::transpose_add_order(elt as usize, lanes)
             .ok_or(ScheduleError::DotTail("64-byte vectors (AVX-512) only"))?;
-        // Input q of the tree sums in register q.
+        // Input q of the tree sums in register q; then A's rows, B's column, the temporary.
         let input = |q: usize| VReg(q as u8);
-        let (a_reg, b_reg, tmp) = (
-            VReg(lanes as u8),
-            VReg(lanes as u8 + 1),
-            VReg(lanes as u8 + 2),
-        );
+        let a_reg = |r: usize| VReg((lanes + r) as u8);
+        let (b_reg, tmp) = (VReg((lanes + rows) as u8), VReg((lanes + rows + 1) as u8));
         let negate = p.alpha == Scalar::MinusOne;
         let chunks = p.k.div_ceil(lanes);
         let b_col = p.ldb as i64 * elt;
         let scratch = Cursor::at(Gpr::SCRATCH);
-        for first in (0..p.n).step_by(lanes) {
-            let cols = lanes.min(p.n - first);
-            // Inputs with a column; the others are never written (their lanes of the
-            // result are never read), so the folds skip or reuse them.
+        let group = lanes / rows;
+        for first in (0..p.n).step_by(group) {
+            let cols = group.min(p.n - first);
+            // Pair (row r, column first + j) lands in lane j * rows + r of the sums.
+            // Inputs with a pair; the others are never written (their lanes of the result
+            // are never read), so the folds skip or reuse them.
             let mut used = vec![false; lanes];
-            for &q in &order[..cols] {
+            for &q in &order[..cols * rows] {
                 used[q] = true;
             }
             for q in (0..lanes).filter(|&q| used[q]) {
@@ -579,27 +596,30 @@ impl Lowering<'_> {
             for chunk in 0..chunks {
                 let mask = if chunk + 1 == chunks { d.k_mask } else { None };
                 let along_k = (chunk * lanes) as i64 * elt;
-                out.push(Op::Load {
-                    dst: a_reg,
-                    addr: addr(a_row.plus(along_k))?,
-                    mask,
-                });
-                // Column first + l lands in lane l of the sums.
-                for (l, &q) in order[..cols].iter().enumerate() {
+                for (r, a_row) in a_rows.iter().enumerate() {
                     out.push(Op::Load {
-                        dst: b_reg,
-                        addr: addr(b.plus((first + l) as i64 * b_col + along_k))?,
+                        dst: a_reg(r),
+                        addr: addr(a_row.plus(along_k))?,
                         mask,
                     });
-                    out.push(Op::Fma {
-                        acc: input(q),
-                        a: a_reg,
-                        b: b_reg,
-                        negate,
+                }
+                for j in 0..cols {
+                    out.push(Op::Load {
+                        dst: b_reg,
+                        addr: addr(b.plus((first + j) as i64 * b_col + along_k))?,
+                        mask,
                     });
+                    for r in 0..rows {
+                        out.push(Op::Fma {
+                            acc: input(order[j * rows + r]),
+                            a: a_reg(r),
+                            b: b_reg,
+                            negate,
+                        });
+                    }
                 }
             }
-            // (register, holds a column's sum) for each vector of the tree's current level.
+            // (register, holds a pair's sum) for each vector of the tree's current level.
             let mut live: Vec<(VReg, bool)> = (0..lanes).map(input).zip(used).collect();
             let mut width = lanes / 2;
             while width >= 1 {
@@ -628,26 +648,38 @@ impl Lowering<'_> {
                 width /= 2;
             }
             out.push(Op::Store {
-                addr: addr(scratch.plus(d.sums + first as i64 * elt))?,
+                addr: addr(scratch.plus(d.sums + (first * rows) as i64 * elt))?,
                 src: live[0].0,
                 mask: None,
             });
         }
         let c = self
             .loaded(out, self.bases[2], Role::ColC)
-            .plus((p.m - 1) as i64 * elt);
-        let row = self.row_block(1);
+            .plus(first_row as i64 * elt);
+        let rb = self.row_block(rows);
         let nr = self.s.n_cols;
         for first in (0..p.n).step_by(nr) {
             let cols = nr.min(p.n - first);
             for j in 0..cols {
-                out.push(Op::LoadScalar {
-                    dst: self.acc(0, j),
-                    addr: addr(scratch.plus(d.sums + (first + j) as i64 * elt))?,
-                });
+                let at = scratch.plus(d.sums + ((first + j) * rows) as i64 * elt);
+                if rows == 1 {
+                    out.push(Op::LoadScalar {
+                        dst: self.acc(0, j),
+                        addr: addr(at)?,
+                    });
+                    continue;
+                }
+                for v in 0..rb.vectors {
+                    let load = Op::Load {
+                        dst: self.acc(v, j),
+                        addr: addr(at.plus(self.vector_offset(rb, v)))?,
+                        mask: self.mask_for(rb, v),
+                    };
+                    push_at(out, self.narrow_bytes(rb, v), load);
+                }
             }
             let c = c.plus((first * p.ldc) as i64 * elt);
-            self.epilogue(out, c, row, cols)?;
+            self.epilogue(out, c, rb, cols)?;
         }
         Ok(())
     }

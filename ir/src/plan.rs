@@ -82,20 +82,41 @@ fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> 
     {
         return None;
     }
-    // A one-lane tail's FMAs cost a full vector's, or half of one where 512-bit operations
-    // run as halves (the tail is narrowed there, see `Target::narrow_tail_bytes`).
+    let tail_rows = problem.m % lanes;
+    // Two rows only in 16 lanes (f32) where 512-bit operations run whole: f32 18x18x18
+    // gained 15-19% on an Emerald Rapids Xeon, f64 10, 18 and 26 lost 1-7% (a tree sums
+    // half as many columns there); unmeasured where they run as halves.
+    if tail_rows == 2 && (lanes != 16 || target.halves_512) {
+        return None;
+    }
+    // With no rows above, two rows lost where k fits one vector (f32 2x16x16 5%, 2x24x12
+    // 16%) and gained past it (2x9x40 27%, 2x32x32 1.97x).
+    if problem.m == 2 && problem.k <= lanes {
+        return None;
+    }
+    // A tail's FMAs cost a full vector's, or half of one where 512-bit operations run as
+    // halves (the tail is narrowed there, see `Target::narrow_tail_bytes`).
     let tail_cost = if target.halves_512 { 0.5 } else { 1.0 };
     let (n, k) = (problem.n as f64, problem.k as f64);
-    let saving = n * k * tail_cost - n * problem.k.div_ceil(lanes) as f64;
+    let dot_fmas = (tail_rows * problem.n * problem.k.div_ceil(lanes)) as f64;
+    // Two rows sum a column's two products in two lanes: twice the transpose-adds, which
+    // then count as three FMAs each (their three instructions). Without them f32 18x32x8
+    // was planned with two rows, and lost 2-3%.
+    let trees = if tail_rows == 2 {
+        (3 * (lanes - 1) * (2 * problem.n).div_ceil(lanes)) as f64
+    } else {
+        0.0
+    };
+    let saving = n * k * tail_cost - dot_fmas - trees;
     if saving < DOT_TAIL_MIN_SAVING {
         return None;
     }
     let rows = ColMajorProblem {
-        m: (problem.m - 1).max(lanes),
+        m: (problem.m - tail_rows).max(lanes),
         ..*problem
     };
     let (_, mut s) = best_block(&rows, target, target.vector_bytes())?;
-    if problem.m == 1 {
+    if problem.m == tail_rows {
         // No rows above: the blocks only hand the row's sums to the epilogue.
         s.m_vectors = 1;
     } else {
@@ -616,6 +637,36 @@ mod tests {
             }
         }
         best
+    }
+
+    /// Where the planner puts C's last rows into dot products: one row wherever it saves
+    /// enough FMAs, two rows only in f32 and past the shapes where they were measured to
+    /// lose, never four.
+    #[test]
+    fn dot_tails_are_planned_where_they_were_measured_to_pay() {
+        let target = Target::new(Isa::Avx512);
+        let halves = Target {
+            halves_512: true,
+            ..target
+        };
+        for (dtype, (m, n, k), t, expected) in [
+            (Dtype::F32, (17, 17, 17), target, true),
+            (Dtype::F64, (17, 17, 17), target, true),
+            (Dtype::F32, (18, 18, 18), target, true),
+            (Dtype::F32, (34, 9, 21), target, true),
+            (Dtype::F32, (2, 32, 32), target, true),
+            (Dtype::F32, (2, 16, 16), target, false),
+            (Dtype::F32, (18, 32, 8), target, false),
+            (Dtype::F32, (18, 18, 18), halves, false),
+            (Dtype::F64, (18, 18, 18), target, false),
+            (Dtype::F64, (26, 26, 26), target, false),
+            (Dtype::F32, (20, 20, 20), target, false),
+            (Dtype::F64, (12, 12, 12), target, false),
+        ] {
+            let spec = GemmSpec::builder(dtype, m, n, k).build().unwrap();
+            let planned = plan(&spec.col_major(), t);
+            assert_eq!(planned.dot_tail, expected, "{} on {t}", spec.name());
+        }
     }
 
     #[test]

@@ -499,6 +499,12 @@ pub fn dot_tail_cases() -> Vec<MatrixCase> {
         (Dtype::F32, 17, 33, 21),
         (Dtype::F32, 33, 5, 16),
         (Dtype::F32, 1, 17, 15),
+        // Two rows as dot products.
+        (Dtype::F64, 10, 11, 9),
+        (Dtype::F64, 2, 9, 12),
+        (Dtype::F32, 18, 18, 18),
+        (Dtype::F32, 34, 9, 21),
+        (Dtype::F32, 2, 17, 33),
     ];
     let scalars = MATRIX_ALPHAS
         .into_iter()

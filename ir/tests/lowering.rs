@@ -433,8 +433,8 @@ fn narrowed_tails_load_and_store_at_their_width() {
     assert!(checked >= 15, "only {checked} kernels with narrowed tails");
 }
 
-/// Dot-product tails (`Schedule::dot_tail`) through the interpreter: m one more than a
-/// multiple of the lanes (m = 1 included), k short of, equal to and past a vector, more
+/// Dot-product tails (`Schedule::dot_tail`) through the interpreter: m one or two more than
+/// a multiple of the lanes (m = 1 and 2 included), k short of, equal to and past a vector, more
 /// columns than lanes, every transpose of A, all alpha and beta kinds, pointer-free strided
 /// batches with padded leading dimensions, and blocks in every loop form.
 #[test]
@@ -450,6 +450,11 @@ fn dot_product_tails_compute_the_reference() {
                 (2 * lanes + 1, 2 * lanes + 3, lanes),
                 (lanes + 1, 1, 1),
                 (lanes + 1, 9, lanes - 1),
+                (lanes + 2, lanes + 2, lanes + 2),
+                (2, 5, 3),
+                (2 * lanes + 2, 3, lanes + 5),
+                (lanes + 2, lanes / 2 + 3, lanes - 1),
+                (2, 1, 2 * lanes + 1),
             ] {
                 let planned = smallgemm_ir::plan(
                     &GemmSpec::builder(dtype, m, n, k)

@@ -353,10 +353,10 @@ fn b_resident_blocks_avx2() {
     assert!(ran >= 100, "{ran}");
 }
 
-/// Dot-product tails (`Schedule::dot_tail`, AVX-512): C's last row as dot products summed
-/// across lanes by transpose-adds, with m one more than a multiple of the lanes (m = 1
-/// too), k below, at and past a vector, n past the lanes; the planned blocks for the other
-/// rows and a looped, batch-unrolled, prefetching form; every alpha and beta kind, A
+/// Dot-product tails (`Schedule::dot_tail`, AVX-512): C's last rows as dot products summed
+/// across lanes by transpose-adds, with m one or two more than a multiple of the lanes (m =
+/// 1 and 2 too), k below, at and past a vector, n past the lanes; the planned blocks for the
+/// other rows and a looped, batch-unrolled, prefetching form; every alpha and beta kind, A
 /// transposed or not, padding, batches of several lengths.
 #[test]
 fn dot_product_tails_avx512() {
