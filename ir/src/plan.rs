@@ -72,8 +72,18 @@ fn plan_blocks(problem: &ColMajorProblem, target: Target) -> (f64, Schedule) {
 /// 1x32x32 3.2x, f64 1x16x16 26%).
 const DOT_TAIL_MIN_SAVING: f64 = 40.0;
 
+/// [`DOT_TAIL_MIN_SAVING`] for one row where 512-bit operations run whole (there a tail
+/// vector's FMAs count full, so the same kernels show twice the saving), and the higher bar
+/// where no rows lie above it (m = 1). Measured on an Emerald Rapids Xeon (`tune`, the planned dot tail
+/// against the best of 48 candidates, hot, one thread): savings of 40-70 lost 8-73% (f32
+/// 17x5x9 1.73x, f64 9x7x9 1.25x, 33x5x16 1.23x, 9x9x9 8%), 84 and more won or tied (f64
+/// 9x12x9, 9x9x16, f32 17x6x17, 17x8x17, 17x12x12); with m = 1, 63-132 lost 1.2-2.2x (f32
+/// and f64 1x9x9, 1x12x12) and 224 and more won (1x16x16 to 1x64x64).
+const DOT_TAIL_MIN_SAVING_WHOLE: f64 = 80.0;
+const DOT_TAIL_MIN_SAVING_ALONE: f64 = 200.0;
+
 /// The schedule with a dot-product tail ([`Schedule::dot_tail`]) where it applies and
-/// saves [`DOT_TAIL_MIN_SAVING`] FMAs: the planner's 64-byte blocks for the rows above
+/// saves enough FMAs ([`DOT_TAIL_MIN_SAVING`] and the bars after it): the planner's 64-byte blocks for the rows above
 /// the last, fully unrolled or looped as they would be, one matrix a trip.
 fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> {
     let lanes = 64 / problem.dtype.size();
@@ -108,7 +118,13 @@ fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> 
         0.0
     };
     let saving = n * k * tail_cost - dot_fmas - trees;
-    if saving < DOT_TAIL_MIN_SAVING {
+    // Two rows count their trees above, and were measured against the first bar.
+    let min_saving = match (target.halves_512, tail_rows, problem.m) {
+        (false, 1, 1) => DOT_TAIL_MIN_SAVING_ALONE,
+        (false, 1, _) => DOT_TAIL_MIN_SAVING_WHOLE,
+        _ => DOT_TAIL_MIN_SAVING,
+    };
+    if saving < min_saving {
         return None;
     }
     let rows = ColMajorProblem {
@@ -655,6 +671,12 @@ mod tests {
             (Dtype::F32, (18, 18, 18), target, true),
             (Dtype::F32, (34, 9, 21), target, true),
             (Dtype::F32, (2, 32, 32), target, true),
+            (Dtype::F32, (1, 16, 16), target, true),
+            (Dtype::F64, (9, 12, 9), target, true),
+            (Dtype::F32, (1, 12, 12), target, false),
+            (Dtype::F64, (1, 9, 9), target, false),
+            (Dtype::F32, (17, 5, 9), target, false),
+            (Dtype::F64, (9, 9, 9), target, false),
             (Dtype::F32, (2, 16, 16), target, false),
             (Dtype::F32, (18, 32, 8), target, false),
             (Dtype::F32, (18, 18, 18), halves, false),
