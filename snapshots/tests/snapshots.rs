@@ -112,11 +112,11 @@ fn lowered_programs() {
     }
 }
 
-/// f64 9x8x9 on AVX-512: the ninth row as dot products of A's gathered row with B's
+/// f64 9x12x9 on AVX-512: the ninth row as dot products of A's gathered row with B's
 /// columns, summed across lanes by 128-bit block and element shuffles with adds.
 #[test]
 fn avx512_sums_the_dot_tail_across_lanes() {
-    let spec = fixed_spec("d_9x8x9_dot_tail");
+    let spec = fixed_spec("d_9x12x9_dot_tail");
     let generated = generate(&spec, Target::new(Isa::Avx512), None).unwrap();
     assert!(generated.schedule.dot_tail, "{:?}", generated.schedule);
     let text = listing(Isa::Avx512, &generated.code);
@@ -124,7 +124,7 @@ fn avx512_sums_the_dot_tail_across_lanes() {
         assert!(text.contains(wanted), "{wanted}: {text}");
     }
     insta::assert_snapshot!(
-        "program_avx512_d_9x8x9_dot_tail",
+        "program_avx512_d_9x12x9_dot_tail",
         generated.program.to_string()
     );
 }
