@@ -46,7 +46,10 @@ pub fn fixed_specs() -> Vec<(&'static str, GemmSpec)> {
                 .beta(Scalar::One),
         ),
         ("d_100x40x90_loops", b(Dtype::F64, 100, 40, 90)),
-        ("d_9x12x9_dot_tail", b(Dtype::F64, 9, 12, 9).beta(Scalar::One)),
+        (
+            "d_9x12x9_dot_tail",
+            b(Dtype::F64, 9, 12, 9).beta(Scalar::One),
+        ),
     ];
     specs
         .into_iter()
