@@ -75,8 +75,10 @@ struct DotTail {
     /// C's rows past the last whole vector that are dot products (m % lanes).
     rows: usize,
     /// op(A)'s last `rows` rows, gathered there when A is not transposed (k elements each,
-    /// whole vectors apart).
+    /// `a_row_bytes` apart).
     a_row: i64,
+    /// Bytes from one gathered row of A to the next: k rounded up to whole vectors.
+    a_row_bytes: i64,
     /// The rows' products with B's columns, column by column (`rows` elements a column),
     /// rounded up to whole vectors.
     sums: i64,
@@ -218,15 +220,17 @@ impl Lowering<'_> {
             let rows = p.m % self.lanes;
             // After the scalars and the packed panel: A's rows, then the sums.
             let a_row = scratch_bytes.max(PANEL_OFFSET);
+            let a_row_bytes = p.k.div_ceil(self.lanes) as i64 * 64;
             // A transposed: its rows are read in place.
-            let gathered = (p.trans_a == Trans::N) as i64 * p.k.div_ceil(self.lanes) as i64;
-            let sums = a_row + rows as i64 * gathered * 64;
+            let gathered = (p.trans_a == Trans::N) as i64 * rows as i64 * a_row_bytes;
+            let sums = a_row + gathered;
             scratch_bytes = sums + (p.n * rows).div_ceil(self.lanes) as i64 * 64;
             let rest = p.k % self.lanes;
             let k_mask = if rest != 0 { self.b_mask(rest) } else { None };
             self.dot = Some(DotTail {
                 rows,
                 a_row,
+                a_row_bytes,
                 sums,
                 k_mask,
             });
@@ -526,12 +530,11 @@ impl Lowering<'_> {
     fn gather_dot_row(&mut self, out: &mut Vec<Op>, d: DotTail) -> Result<(), LowerError> {
         let (p, elt) = (self.p, self.elt);
         let a = self.loaded(out, self.bases[0], Role::RowA);
-        let row_bytes = (p.k.div_ceil(self.lanes) * 64) as i64;
         // No block is live between matrices.
         let t = VReg(0);
         for r in 0..d.rows {
             let row = a.plus((p.m - d.rows + r) as i64 * elt);
-            let to = d.a_row + r as i64 * row_bytes;
+            let to = d.a_row + r as i64 * d.a_row_bytes;
             for q in 0..p.k as i64 {
                 out.push(Op::LoadScalar {
                     dst: t,
@@ -557,12 +560,9 @@ impl Lowering<'_> {
         let b = self.loaded(out, self.bases[1], Role::ColB);
         let first_row = p.m - rows;
         let a_rows: Vec<Cursor> = match p.trans_a {
-            Trans::N => {
-                let row_bytes = (p.k.div_ceil(lanes) * 64) as i64;
-                (0..rows)
-                    .map(|r| Cursor::at(Gpr::SCRATCH).plus(d.a_row + r as i64 * row_bytes))
-                    .collect()
-            }
+            Trans::N => (0..rows)
+                .map(|r| Cursor::at(Gpr::SCRATCH).plus(d.a_row + r as i64 * d.a_row_bytes))
+                .collect(),
             Trans::T => {
                 let a = self.loaded(out, self.bases[0], Role::RowA);
                 (0..rows)

@@ -74,17 +74,18 @@ const DOT_TAIL_MIN_SAVING: f64 = 40.0;
 
 /// [`DOT_TAIL_MIN_SAVING`] for one row where 512-bit operations run whole (there a tail
 /// vector's FMAs count full, so the same kernels show twice the saving), and the higher bar
-/// where no rows lie above it (m = 1). Measured on an Emerald Rapids Xeon (`tune`, the planned dot tail
-/// against the best of 48 candidates, hot, one thread): savings of 40-70 lost 8-73% (f32
-/// 17x5x9 1.73x, f64 9x7x9 1.25x, 33x5x16 1.23x, 9x9x9 8%), 84 and more won or tied (f64
-/// 9x12x9, 9x9x16, f32 17x6x17, 17x8x17, 17x12x12); with m = 1, 63-132 lost 1.2-2.2x (f32
-/// and f64 1x9x9, 1x12x12) and 224 and more won (1x16x16 to 1x64x64).
+/// where no rows lie above it (m = 1). Measured on an Emerald Rapids Xeon (`tune`, the
+/// planned dot tail against the best of 48 candidates, hot, one thread): savings of 40-70
+/// lost 8-73% (f32 17x5x9 1.73x, f64 9x7x9 1.25x, 33x5x16 1.23x, 9x9x9 8%), 84 and more won
+/// or tied (f64 9x12x9, 9x9x16, f32 17x6x17, 17x8x17, 17x12x12); with m = 1, 63-132 lost
+/// 1.2-2.2x (f32 and f64 1x9x9, 1x12x12) and 224 and more won (1x16x16 to 1x64x64).
 const DOT_TAIL_MIN_SAVING_WHOLE: f64 = 80.0;
 const DOT_TAIL_MIN_SAVING_ALONE: f64 = 200.0;
 
 /// The schedule with a dot-product tail ([`Schedule::dot_tail`]) where it applies and
-/// saves enough FMAs ([`DOT_TAIL_MIN_SAVING`] and the bars after it): the planner's 64-byte blocks for the rows above
-/// the last, fully unrolled or looped as they would be, one matrix a trip.
+/// saves enough FMAs ([`DOT_TAIL_MIN_SAVING`] and the bars after it): the planner's 64-byte
+/// blocks for the rows above the tail, fully unrolled or looped as they would be, one
+/// matrix a trip.
 fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> {
     let lanes = 64 / problem.dtype.size();
     if problem.alpha == Scalar::Zero

@@ -30,12 +30,13 @@ pub fn supported_isas() -> Vec<Isa> {
 }
 
 /// Whether the variants for batches that stream from memory prefetch the next matrices
-/// (`prefetcht0`, one trip or 4 KiB ahead, whichever is further). On the Intel Xeon of the earlier sessions they paid; on
-/// an AMD EPYC (Zen 4) the same tall blocks without them ran up to 47% faster from DRAM,
-/// never more than 3% slower (f64 16 1.31x, 19 1.47x, 24 1.45x, 32 1.35x; f32 24 1.18x, 32
-/// 1.23x, 4 0.97x; one thread, alternated in one process: docs/perf-notes.md, eighth
-/// session). Likely, not measured: its hardware prefetchers follow the blocks' ascending
-/// columns alone, and the extra loads only compete with them. Ninth session, same VM:
+/// (`prefetcht0`, one trip or 4 KiB ahead, whichever is further). On the Intel Xeon of the
+/// earlier sessions they paid; on an AMD EPYC (Zen 4) the same tall blocks without them ran
+/// up to 47% faster from DRAM, never more than 3% slower (f64 16 1.31x, 19 1.47x, 24
+/// 1.45x, 32 1.35x; f32 24 1.18x, 32 1.23x, 4 0.97x; one thread, alternated in one process:
+/// docs/perf-notes.md, eighth session). Likely, not measured: its hardware prefetchers
+/// follow the blocks' ascending columns alone, and the extra loads only compete with them.
+/// Ninth session, same VM:
 /// `prefetcht0` one, two or four trips ahead lost again (f64 12..32, geomean over LIBXSMM
 /// 0.79-1.00x against 1.15-1.24x without), `prefetcht1` / `prefetcht2` one trip ahead won
 /// nowhere reliably. On AMD CPUs without AVX-512 (Zen 1 to 3; measured on Zen 3) they pay

@@ -59,8 +59,9 @@ pub fn default_path() -> Option<PathBuf> {
 /// model name: Sapphire Rapids, reported as "Intel(R) Xeon(R) Processor"), an Emerald
 /// Rapids Xeon reporting the same name (family 6 model 207: thirteen squares and twelve
 /// small-k shapes re-tuned where three alternated `smallgemm bench` runs confirmed the new
-/// winner over the Sapphire Rapids entry, docs/perf-notes.md, twenty-first session; the
-/// rest falls back to those), and an AMD EPYC (Zen 4) where
+/// winner over the Sapphire Rapids entry, docs/perf-notes.md, twenty-first session; f32
+/// 18x18x18, f32 32x32x8 and f64 16x16x8 in the twenty-second; the rest falls back to
+/// those), and an AMD EPYC (Zen 4) where
 /// only the winners that `smallgemm bench` confirmed against the planner in three alternated
 /// runs were kept: f64 3x3x3 and 4x4x4 (docs/perf-notes.md, ninth session), and f64 and f32
 /// 4x4x8, 4x4x16 and 4x4x32 (tenth session).
