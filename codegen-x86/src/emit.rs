@@ -191,13 +191,19 @@ pub(crate) fn transpose_add(
     }
 }
 
-/// One move of an `Op::StorePieces` on AVX2, at a byte offset from its address.
+/// One move of an `Op::StorePieces`, at a byte offset from its address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Piece {
+    /// The low 32 bytes of a zmm (vmovupd / vmovups ymm; AVX-512).
+    Low32,
+    /// The upper 256 bits of the zmm moved down into its low half, so the pieces after it
+    /// take lanes from there (vextractf64x4 into the source register itself; AVX-512).
+    MoveHigh256Down,
     /// The low 16 bytes (vmovupd / vmovups).
     Low16,
     /// The upper 128 bits of the ymm moved down into its low half, so the pieces after it
-    /// take lanes from there (vextractf128 into the source register itself).
+    /// take lanes from there (vextractf128, or vextractf32x4 on AVX-512, into the source
+    /// register itself).
     MoveHighDown,
     /// The low 8 bytes (vmovsd, also for two f32 lanes).
     Low8,
@@ -205,20 +211,31 @@ pub(crate) enum Piece {
     Lane4(u8),
 }
 
-/// The moves that store the first `bytes` bytes (a multiple of 4, under 32) of a ymm
-/// register, each with its byte offset: largest first, so that at most one move brings the
-/// upper half down. Both emitters ask here. None for other sizes.
+/// The moves that store the first `bytes` bytes (a multiple of 4, under a vector: 32 on
+/// AVX2, 64 on AVX-512) of a vector register, each with its byte offset: largest first, so
+/// that each upper half is brought down at most once. Both emitters ask here. None for
+/// other sizes.
 pub(crate) fn store_pieces(isa: Isa, bytes: usize) -> Option<Vec<(i32, Piece)>> {
-    if isa != Isa::Avx2 || bytes == 0 || bytes >= 32 || bytes % 4 != 0 {
+    let vector = match isa {
+        Isa::Avx2 => 32,
+        Isa::Avx512 => 64,
+        Isa::Neon => return None,
+    };
+    if bytes == 0 || bytes >= vector || bytes % 4 != 0 {
         return None;
     }
-    let mut pieces = Vec::with_capacity(4);
+    let mut pieces = Vec::with_capacity(6);
     let mut at = 0;
-    if bytes >= 16 {
-        pieces.push((0, Piece::Low16));
-        at = 16;
-        if bytes > 16 {
-            pieces.push((0, Piece::MoveHighDown));
+    for (size, low, move_down) in [
+        (32, Piece::Low32, Piece::MoveHigh256Down),
+        (16, Piece::Low16, Piece::MoveHighDown),
+    ] {
+        if bytes - at >= size {
+            pieces.push((at as i32, low));
+            at += size;
+            if bytes > at {
+                pieces.push((at as i32, move_down));
+            }
         }
     }
     if bytes - at >= 8 {
@@ -576,26 +593,39 @@ impl<'a> Emitter<'a> {
                 let bytes = lanes as usize * dtype.size();
                 let pieces = store_pieces(self.isa, bytes)
                     .ok_or(EmitError::Unsupported("this store in pieces", self.isa))?;
-                let low16 = full_forms(self.isa, dtype)?.store.with_width(16);
+                let store = full_forms(self.isa, dtype)?.store;
+                // AVX-512 kernels use registers above 15, which only EVEX reaches.
+                let [extract128, low8, lane0, lane] = if self.isa == Isa::Avx512 {
+                    [
+                        enc::EVEX_VEXTRACTF32X4_XMM_YMM_IMM8,
+                        enc::EVEX_VMOVSD_M64_XMM,
+                        enc::EVEX_VMOVSS_M32_XMM,
+                        enc::EVEX_VEXTRACTPS_M32_XMM_IMM8,
+                    ]
+                } else {
+                    [
+                        enc::VEX_VEXTRACTF128_XMM_YMM_IMM8,
+                        enc::VEX_VMOVSD_M64_XMM,
+                        enc::VEX_VMOVSS_M32_XMM,
+                        enc::VEX_VEXTRACTPS_M32_XMM_IMM8,
+                    ]
+                };
                 for (offset, piece) in pieces {
                     let m = self.mem(piece_addr(addr, offset)?)?;
                     let no = Evex::default();
+                    let to_self = |asm: &mut Assembler, form, imm| {
+                        asm.vec_imm8(form, r, 0, Rm::Reg(r), no, imm)
+                    };
                     match piece {
-                        Piece::Low16 => self.vec(low16, r, 0, m),
-                        Piece::MoveHighDown => self.asm.vec_imm8(
-                            enc::VEX_VEXTRACTF128_XMM_YMM_IMM8,
-                            r,
-                            0,
-                            Rm::Reg(r),
-                            no,
-                            1,
-                        ),
-                        Piece::Low8 => self.vec(enc::VEX_VMOVSD_M64_XMM, r, 0, m),
-                        Piece::Lane4(0) => self.vec(enc::VEX_VMOVSS_M32_XMM, r, 0, m),
-                        Piece::Lane4(lane) => {
-                            let form = enc::VEX_VEXTRACTPS_M32_XMM_IMM8;
-                            self.asm.vec_imm8(form, r, 0, m, no, lane)
+                        Piece::Low32 => self.vec(store.with_width(32), r, 0, m),
+                        Piece::MoveHigh256Down => {
+                            to_self(&mut self.asm, enc::EVEX_VEXTRACTF64X4_YMM_ZMM_IMM8, 1)
                         }
+                        Piece::Low16 => self.vec(store.with_width(16), r, 0, m),
+                        Piece::MoveHighDown => to_self(&mut self.asm, extract128, 1),
+                        Piece::Low8 => self.vec(low8, r, 0, m),
+                        Piece::Lane4(0) => self.vec(lane0, r, 0, m),
+                        Piece::Lane4(l) => self.asm.vec_imm8(lane, r, 0, m, no, l),
                     }
                 }
             }

@@ -557,26 +557,59 @@ impl<'a> Emitter<'a> {
                 );
                 let pieces = store_pieces(self.isa, lanes as usize * dtype.size())
                     .ok_or(EmitError::Unsupported("this store in pieces", self.isa))?;
+                let z = nth_register(Register::ZMM0, n);
+                let f64 = dtype == Dtype::F64;
+                // AVX-512 kernels use registers above 15, which only EVEX reaches.
+                let evex = self.isa == Isa::Avx512;
+                let pick = |vex: Code, evex_code: Code| if evex { evex_code } else { vex };
                 for (offset, piece) in pieces {
                     let m = self.mem(piece_addr(addr, offset)?, false)?;
-                    let i = match (piece, dtype) {
-                        (Piece::Low16, Dtype::F64) => {
-                            Instruction::with2(Code::VEX_Vmovupd_xmmm128_xmm, m, x)?
+                    let i = match piece {
+                        Piece::Low32 => {
+                            let code = if f64 {
+                                Code::EVEX_Vmovupd_ymmm256_k1z_ymm
+                            } else {
+                                Code::EVEX_Vmovups_ymmm256_k1z_ymm
+                            };
+                            Instruction::with2(code, m, y)?
                         }
-                        (Piece::Low16, _) => {
-                            Instruction::with2(Code::VEX_Vmovups_xmmm128_xmm, m, x)?
-                        }
-                        (Piece::MoveHighDown, _) => {
-                            Instruction::with3(Code::VEX_Vextractf128_xmmm128_ymm_imm8, x, y, 1u32)?
-                        }
-                        (Piece::Low8, _) => Instruction::with2(Code::VEX_Vmovsd_m64_xmm, m, x)?,
-                        (Piece::Lane4(0), _) => Instruction::with2(Code::VEX_Vmovss_m32_xmm, m, x)?,
-                        (Piece::Lane4(lane), _) => Instruction::with3(
-                            Code::VEX_Vextractps_rm32_xmm_imm8,
-                            m,
-                            x,
-                            lane as u32,
+                        Piece::MoveHigh256Down => Instruction::with3(
+                            Code::EVEX_Vextractf64x4_ymmm256_k1z_zmm_imm8,
+                            y,
+                            z,
+                            1u32,
                         )?,
+                        Piece::Low16 => {
+                            let code = match (f64, evex) {
+                                (true, false) => Code::VEX_Vmovupd_xmmm128_xmm,
+                                (false, false) => Code::VEX_Vmovups_xmmm128_xmm,
+                                (true, true) => Code::EVEX_Vmovupd_xmmm128_k1z_xmm,
+                                (false, true) => Code::EVEX_Vmovups_xmmm128_k1z_xmm,
+                            };
+                            Instruction::with2(code, m, x)?
+                        }
+                        Piece::MoveHighDown => {
+                            let code = pick(
+                                Code::VEX_Vextractf128_xmmm128_ymm_imm8,
+                                Code::EVEX_Vextractf32x4_xmmm128_k1z_ymm_imm8,
+                            );
+                            Instruction::with3(code, x, y, 1u32)?
+                        }
+                        Piece::Low8 => {
+                            let code = pick(Code::VEX_Vmovsd_m64_xmm, Code::EVEX_Vmovsd_m64_k1_xmm);
+                            Instruction::with2(code, m, x)?
+                        }
+                        Piece::Lane4(0) => {
+                            let code = pick(Code::VEX_Vmovss_m32_xmm, Code::EVEX_Vmovss_m32_k1_xmm);
+                            Instruction::with2(code, m, x)?
+                        }
+                        Piece::Lane4(lane) => {
+                            let code = pick(
+                                Code::VEX_Vextractps_rm32_xmm_imm8,
+                                Code::EVEX_Vextractps_rm32_xmm_imm8,
+                            );
+                            Instruction::with3(code, m, x, lane as u32)?
+                        }
                     };
                     self.add(i)?;
                 }

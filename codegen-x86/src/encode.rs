@@ -160,6 +160,11 @@ pub(crate) const VEX_VINSERTF128_YMM_M128: VForm = vex(3, 1, false, 1, 0x18);
 /// memory (`op [mem], xmm, imm8`).
 pub(crate) const VEX_VEXTRACTF128_XMM_YMM_IMM8: VForm = vex(3, 1, false, 1, 0x19);
 pub(crate) const VEX_VEXTRACTPS_M32_XMM_IMM8: VForm = vex(3, 1, false, 0, 0x17);
+/// Their EVEX forms (AVX-512 kernels' registers above 15), and the upper 256 bits of a zmm
+/// into a ymm.
+pub(crate) const EVEX_VEXTRACTF64X4_YMM_ZMM_IMM8: VForm = evex(3, 1, true, 2, 0x1B, 32);
+pub(crate) const EVEX_VEXTRACTF32X4_XMM_YMM_IMM8: VForm = evex(3, 1, false, 1, 0x19, 16);
+pub(crate) const EVEX_VEXTRACTPS_M32_XMM_IMM8: VForm = evex(3, 1, false, 0, 0x17, 4);
 
 pub(crate) const EVEX_VMOVUPD_ZMM_M512: VForm = evex(1, 1, true, 2, 0x10, 64);
 pub(crate) const EVEX_VMOVUPD_M512_ZMM: VForm = evex(1, 1, true, 2, 0x11, 64);

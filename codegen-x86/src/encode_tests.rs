@@ -122,7 +122,7 @@ fn iced_mem(m: Mem, broadcast: bool) -> MemoryOperand {
 }
 
 /// How a form's operands are laid out.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Shape {
     /// `op reg, [mem]`.
     Load,
@@ -140,8 +140,10 @@ enum Shape {
     RrmImm,
     /// `op [mem], reg, imm8` (vextractps).
     StoreImm,
-    /// `op xmm, ymm, imm8` with the ymm in ModRM.reg (vextractf128).
+    /// `op xmm, ymm, imm8` with the ymm in ModRM.reg (vextractf128, vextractf32x4).
     ExtractImm,
+    /// `op ymm, zmm, imm8` with the zmm in ModRM.reg (vextractf64x4).
+    ExtractImm256,
 }
 
 /// The encoder's form, iced's code, operand shape, register class.
@@ -863,6 +865,24 @@ fn table() -> Vec<Row> {
             ymm,
         ),
         (
+            enc::EVEX_VEXTRACTPS_M32_XMM_IMM8,
+            Code::EVEX_Vextractps_rm32_xmm_imm8,
+            StoreImm,
+            xmm,
+        ),
+        (
+            enc::EVEX_VEXTRACTF32X4_XMM_YMM_IMM8,
+            Code::EVEX_Vextractf32x4_xmmm128_k1z_ymm_imm8,
+            ExtractImm,
+            ymm,
+        ),
+        (
+            enc::EVEX_VEXTRACTF64X4_YMM_ZMM_IMM8,
+            Code::EVEX_Vextractf64x4_ymmm256_k1z_zmm_imm8,
+            ExtractImm256,
+            zmm,
+        ),
+        (
             enc::EVEX_VINSERTF32X4_ZMM_M128,
             Code::EVEX_Vinsertf32x4_zmm_k1z_zmm_xmmm128_imm8,
             RrmImm,
@@ -902,6 +922,8 @@ fn vector_forms_match_iced() {
             match shape {
                 Shape::Load => &[(0, false), (1, true), (2, false), (3, true), (7, true)],
                 Shape::Store => &[(0, false), (1, false), (4, false), (7, false)],
+                // vextractps takes no opmask.
+                Shape::StoreImm => &[(0, false)],
                 _ => &[(0, false), (1, false), (5, true), (7, true)],
             }
         };
@@ -1007,11 +1029,12 @@ fn vector_forms_match_iced() {
                             }
                         }
                     }
-                    Shape::ExtractImm => {
+                    Shape::ExtractImm | Shape::ExtractImm256 => {
+                        let dst = if shape == Shape::ExtractImm { xmm } else { ymm };
                         for a in 0..regs {
                             for imm in [0u8, 1] {
                                 let i =
-                                    Instruction::with3(code, xmm(a), class(r), imm as u32).unwrap();
+                                    Instruction::with3(code, dst(a), class(r), imm as u32).unwrap();
                                 let got =
                                     ours(|asm| asm.vec_imm8(form, r, 0, Rm::Reg(a), extras, imm));
                                 check(

@@ -679,7 +679,7 @@ impl Lowering<'_> {
                 }
             }
             let c = c.plus((first * p.ldc) as i64 * elt);
-            self.epilogue(out, c, rb, cols)?;
+            self.epilogue(out, c, rb, cols, first + cols == p.n)?;
         }
         Ok(())
     }
@@ -705,6 +705,8 @@ impl Lowering<'_> {
         let nr = self.s.n_cols;
         let (full, rem) = (p.n / nr, p.n % nr);
         let b_col = self.b_col_bytes();
+        let unrolled = full < 2 || self.s.unroll_n_blocks;
+        let mut blocks_made = 0;
         self.repeat(
             out,
             full,
@@ -716,7 +718,11 @@ impl Lowering<'_> {
             Role::ColCount,
             |l, out, [b, c], last| {
                 let cols = if last { rem } else { nr };
-                l.block(out, a, a_col, b, c, rb, cols)
+                // The block with the matrix's last column, where that is one block's code
+                // (a loop's body serves every block; it has none).
+                blocks_made += 1;
+                let ends = last || (rem == 0 && unrolled && blocks_made == full);
+                l.block(out, a, a_col, b, c, rb, cols, ends)
             },
             rem != 0,
         )
@@ -828,6 +834,7 @@ impl Lowering<'_> {
         c: Cursor,
         rb: RowBlock,
         cols: usize,
+        ends_matrix: bool,
     ) -> Result<(), LowerError> {
         for v in 0..rb.vectors {
             for j in 0..cols {
@@ -862,7 +869,7 @@ impl Lowering<'_> {
                 })?;
             }
         }
-        self.epilogue(out, c, rb, cols)
+        self.epilogue(out, c, rb, cols, ends_matrix)
     }
 
     /// One step of k: load a column segment of op(A), FMA it with a broadcast of op(B)[p, j]
@@ -1085,16 +1092,23 @@ impl Lowering<'_> {
     /// The lanes of vector `vector` of `rb` when its store of C goes in whole pieces
     /// (`Op::StorePieces`) instead of through its mask: a masked tail on a target whose
     /// masked stores are slow ([`Target::tail_stores_in_pieces`]).
-    fn store_pieces(&self, rb: RowBlock, vector: usize) -> Option<u8> {
+    ///
+    /// Also the tails of the matrix's last column where C is read and the masked store
+    /// would reach past the matrix (`ends_matrix`): the next matrix's first load of C
+    /// overlaps the store's whole vector and waits until the store commits, which ties
+    /// each matrix of the batch to the one before ([`Target::masked_store_blocks_loads`]).
+    fn store_pieces(&self, rb: RowBlock, vector: usize, ends_matrix: bool) -> Option<u8> {
         let full = rb.rows / self.lanes;
         if !rb.tail || vector < full {
             return None;
         }
         let lanes = self.tail_masks[vector - full].1;
         let bytes = lanes as usize * self.elt as usize;
-        self.target
-            .tail_stores_in_pieces(bytes)
-            .then_some(lanes as u8)
+        let crosses = ends_matrix
+            && self.p.beta != Scalar::Zero
+            && self.narrow_bytes(rb, vector).is_none()
+            && self.target.masked_store_blocks_loads(bytes);
+        (crosses || self.target.tail_stores_in_pieces(bytes)).then_some(lanes as u8)
     }
 
     fn mask_for(&self, rb: RowBlock, vector: usize) -> Option<Mask> {
@@ -1110,8 +1124,11 @@ impl Lowering<'_> {
         c: Cursor,
         rb: RowBlock,
         cols: usize,
+        ends_matrix: bool,
     ) -> Result<(), LowerError> {
         let (alpha, beta) = (self.p.alpha, self.p.beta);
+        // Whether column j is the matrix's last, whose tail's store reaches past the matrix.
+        let last = |j: usize| ends_matrix && j + 1 == cols;
         let mut next = 0;
         let mut take = || {
             next += 1;
@@ -1166,7 +1183,7 @@ impl Lowering<'_> {
                         at(v, j)?,
                         self.acc(v, j),
                         self.mask_for(rb, v),
-                        self.store_pieces(rb, v),
+                        self.store_pieces(rb, v, last(j)),
                     );
                     push_at(out, self.narrow_bytes(rb, v), store);
                 }
@@ -1177,7 +1194,8 @@ impl Lowering<'_> {
             for v in 0..rb.vectors {
                 let old = old_at(v, j).map(|t| (t, loads_first));
                 let (at, mask) = (at(v, j)?, self.mask_for(rb, v));
-                let (narrow, pieces) = (self.narrow_bytes(rb, v), self.store_pieces(rb, v));
+                let narrow = self.narrow_bytes(rb, v);
+                let pieces = self.store_pieces(rb, v, last(j));
                 let acc = self.acc(v, j);
                 finish_vector(out, beta, acc, at, mask, old, scalars, narrow, pieces);
             }

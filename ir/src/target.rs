@@ -199,6 +199,17 @@ impl Target {
         self.isa == Isa::Avx2 && self.masked_stores_slow && self.masked_tail(bytes)
     }
 
+    /// Whether a masked store of a tail of C of `bytes` bytes holds up later loads that
+    /// overlap its whole vector, not only the lanes it writes: Intel's cores check the
+    /// full width and cannot forward from a masked store, so such a load waits until the
+    /// store commits. Measured on Emerald Rapids with AVX-512: the masked store of one
+    /// matrix's last column reaches into the next matrix's C, and f64 5x5x5 with C read
+    /// took 36 cycles a matrix instead of 23 (docs/perf-notes.md, twenty-third session).
+    /// Not on Zen 4's halves, where it was not measured.
+    pub fn masked_store_blocks_loads(self, bytes: usize) -> bool {
+        matches!(self.isa, Isa::Avx2 | Isa::Avx512) && !self.halves_512 && self.masked_tail(bytes)
+    }
+
     /// Vector widths in bytes that kernels may use, narrowest first (AVX-512VL and AVX give
     /// the narrower x86 registers every instruction the wide ones have; the NEON backend
     /// has 16-byte vectors only).

@@ -325,8 +325,8 @@ enum Kind {
     BroadcastBlock(u8),
     /// dst = src1 with block `imm` of `n` bytes = src2 (vinsertf128/f32x4/f64x4).
     Insert(u8),
-    /// dst = the 16-byte block `imm` of src2 (vextractf128).
-    Extract128,
+    /// dst = the `n`-byte block `imm` of src2 (vextractf128/f32x4/f64x4).
+    Extract(u8),
     /// dst = 32-bit lane `imm` of src2 (vextractps).
     ExtractPs,
     Fma {
@@ -513,7 +513,9 @@ fn classify(i: &Instruction) -> Option<(Kind, u8)> {
         M::Vinsertf128 => (Kind::Insert(16), 8),
         M::Vinsertf32x4 => (Kind::Insert(16), 4),
         M::Vinsertf64x4 => (Kind::Insert(32), 8),
-        M::Vextractf128 => (Kind::Extract128, 8),
+        M::Vextractf128 => (Kind::Extract(16), 8),
+        M::Vextractf32x4 => (Kind::Extract(16), 4),
+        M::Vextractf64x4 => (Kind::Extract(32), 8),
         M::Vextractps => (Kind::ExtractPs, 4),
         M::Vfmadd231pd => (Kind::Fma { negate: false }, 8),
         M::Vfmadd231ps => (Kind::Fma { negate: false }, 4),
@@ -578,7 +580,7 @@ fn vector(i: &Instruction) -> Result<(V, String), String> {
     let needs_imm = matches!(
         kind,
         Kind::Insert(_)
-            | Kind::Extract128
+            | Kind::Extract(_)
             | Kind::ExtractPs
             | Kind::PermInLane
             | Kind::PermPdImm
@@ -627,7 +629,7 @@ fn vector(i: &Instruction) -> Result<(V, String), String> {
                 | Kind::StoreNt
                 | Kind::MaskMove
                 | Kind::ScalarMove
-                | Kind::Extract128
+                | Kind::Extract(_)
                 | Kind::ExtractPs
         )
     {
@@ -651,14 +653,17 @@ fn vector(i: &Instruction) -> Result<(V, String), String> {
     // The vector length: the destination register's, or the source's for stores and
     // extracts (whose destination is narrower).
     let bytes = match kind {
-        Kind::Extract128 => locs[1].1,
+        Kind::Extract(_) => locs[1].1,
         Kind::ExtractPs => Some(16),
         _ if store => locs.last().unwrap().1,
         _ => locs[0].1,
     }
     .ok_or("no register gives the vector length")?;
-    if kind == Kind::Extract128 && bytes != 32 {
-        return Err("vextractf128 from other than a ymm".into());
+    if let Kind::Extract(n) = kind {
+        // vextractf128 from a ymm; vextractf32x4 from a ymm or zmm; vextractf64x4 from a zmm.
+        if bytes <= n || (n == 16 && elt == 8 && bytes != 32) {
+            return Err("an extract from a vector no wider than its block".into());
+        }
     }
     let v = V {
         kind,
@@ -681,7 +686,7 @@ fn vector(i: &Instruction) -> Result<(V, String), String> {
             _ if broadcast => elt as usize,
             Kind::Broadcast | Kind::ScalarMove => elt as usize,
             Kind::BroadcastBlock(n) | Kind::Insert(n) => n as usize,
-            Kind::Extract128 => 16,
+            Kind::Extract(n) => n as usize,
             Kind::ExtractPs => 4,
             Kind::ZeroExtendBytes => (bytes / elt) as usize,
             _ => bytes as usize,
@@ -1318,14 +1323,16 @@ impl Exec<'_> {
                 out[at..at + q].copy_from_slice(&block[..q]);
                 out
             }
-            Kind::Extract128 => {
+            Kind::Extract(n) => {
                 let x = self.cpu.zmm[reg(v.src2)];
-                let at = 2 * (v.imm as usize & 1);
-                let low = [x[at], x[at + 1], 0, 0, 0, 0, 0, 0];
+                let q = n as usize / 8;
+                let at = q * (v.imm as usize % (bytes / n as usize));
+                let mut low = [0; 8];
+                low[..q].copy_from_slice(&x[at..at + q]);
                 match v.dst {
-                    Loc::Mem(m) => return self.store(self.addr(m), &low, 16),
+                    Loc::Mem(m) => return self.store(self.addr(m), &low, n as usize),
                     Loc::Reg(r) => {
-                        self.write(v, r, low, 16, false);
+                        self.write(v, r, low, n, false);
                         return Ok(());
                     }
                     Loc::Gpr32(_) => unreachable!("checked at translation"),
