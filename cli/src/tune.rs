@@ -273,7 +273,7 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
                 }
                 choose_unrolling(&problem, target, &mut s);
                 s.batch_unroll = smallgemm_ir::batch_unroll(&problem, target, &s);
-                s.interleave = smallgemm_ir::interleave(&problem, &s);
+                s.interleave = smallgemm_ir::interleave(&problem, target, &s);
                 space.push(s);
                 if problem.k >= 16 && estimated_ops(&problem, target, &s) > UNROLL_BUDGET / 4 {
                     for u in [4, 8] {

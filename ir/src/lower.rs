@@ -1096,7 +1096,7 @@ impl Lowering<'_> {
     /// Also the tails of the matrix's last column where C is read and the masked store
     /// would reach past the matrix (`ends_matrix`): the next matrix's first load of C
     /// overlaps the store's whole vector and waits until the store commits, which ties
-    /// each matrix of the batch to the one before ([`Target::masked_store_blocks_loads`]).
+    /// each matrix of the batch to the one before ([`Target::tail_store_holds_up_loads`]).
     fn store_pieces(&self, rb: RowBlock, vector: usize, ends_matrix: bool) -> Option<u8> {
         let full = rb.rows / self.lanes;
         if !rb.tail || vector < full {
@@ -1107,7 +1107,7 @@ impl Lowering<'_> {
         let crosses = ends_matrix
             && self.p.beta != Scalar::Zero
             && self.narrow_bytes(rb, vector).is_none()
-            && self.target.masked_store_blocks_loads(bytes);
+            && self.target.tail_store_holds_up_loads(bytes);
         (crosses || self.target.tail_stores_in_pieces(bytes)).then_some(lanes as u8)
     }
 

@@ -59,7 +59,7 @@ fn plan_blocks(problem: &ColMajorProblem, target: Target) -> (f64, Schedule) {
     let (cost, mut s) = best.expect("a 1x1 register block always fits");
     choose_unrolling(problem, target, &mut s);
     s.batch_unroll = batch_unroll(problem, target, &s);
-    s.interleave = interleave(problem, &s);
+    s.interleave = interleave(problem, target, &s);
     (cost, s)
 }
 
@@ -476,9 +476,13 @@ fn without_dot_tail(hot: &Schedule) -> Schedule {
 /// Whether to alternate the operations of pairs of matrices in a trip of the batch loop:
 /// measured to help from 4x4 C up (5x5x5: 0.56-0.88x MKL JIT without, 0.84-1.17x with) and
 /// to hurt the 2x2 and 3x3 f64 kernels, whose 8 or 4 matrices per trip already keep the core
-/// busy.
-pub fn interleave(problem: &ColMajorProblem, s: &Schedule) -> bool {
-    s.batch_unroll >= 2 && problem.m * problem.n >= 16
+/// busy. Not on Intel's cores, where it helped only by loading the next matrix's C before the
+/// masked store of the last column that held it up: with that store in pieces
+/// ([`Target::tail_store_holds_up_loads`]) it gained nothing with C read (13 shapes from
+/// 3x7x2 to 7x7x2, 0.99x) and cost 1.4-2.2x with beta = 0 (docs/perf-notes.md,
+/// twenty-third session). AMD's targets keep it (not measured there).
+pub fn interleave(problem: &ColMajorProblem, target: Target, s: &Schedule) -> bool {
+    s.batch_unroll >= 2 && problem.m * problem.n >= 16 && !target.masked_stores_hold_up_loads()
 }
 
 /// Operations of the batch loop's body beyond which it does one matrix per trip.
@@ -716,7 +720,7 @@ mod tests {
                     let mut expected = exhaustive_block(&problem, target).unwrap().1;
                     choose_unrolling(&problem, target, &mut expected);
                     expected.batch_unroll = batch_unroll(&problem, target, &expected);
-                    expected.interleave = interleave(&problem, &expected);
+                    expected.interleave = interleave(&problem, target, &expected);
                     assert_eq!(
                         plan_blocks(&problem, target).1,
                         expected,

@@ -205,9 +205,16 @@ impl Target {
     /// store commits. Measured on Emerald Rapids with AVX-512: the masked store of one
     /// matrix's last column reaches into the next matrix's C, and f64 5x5x5 with C read
     /// took 36 cycles a matrix instead of 23 (docs/perf-notes.md, twenty-third session).
-    /// Not on Zen 4's halves, where it was not measured.
-    pub fn masked_store_blocks_loads(self, bytes: usize) -> bool {
-        matches!(self.isa, Isa::Avx2 | Isa::Avx512) && !self.halves_512 && self.masked_tail(bytes)
+    /// Not on AMD's targets ([`Target::masked_stores_hold_up_loads`]).
+    pub fn tail_store_holds_up_loads(self, bytes: usize) -> bool {
+        self.masked_stores_hold_up_loads() && self.masked_tail(bytes)
+    }
+
+    /// Whether this is one of Intel's x86 targets, whose masked stores hold up later loads
+    /// of their whole vector ([`Target::tail_store_holds_up_loads`]); not AMD's (Zen 3's
+    /// slow masked stores, Zen 4's halves), where that was not measured.
+    pub fn masked_stores_hold_up_loads(self) -> bool {
+        matches!(self.isa, Isa::Avx2 | Isa::Avx512) && !self.halves_512 && !self.masked_stores_slow
     }
 
     /// Vector widths in bytes that kernels may use, narrowest first (AVX-512VL and AVX give
