@@ -180,18 +180,19 @@ pub fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
 }
 
 fn describe(s: &Schedule) -> String {
+    let prefetching = if s.prefetch { ", prefetching" } else { "" };
     if s.lane_pack {
         let width = match s.vector_bytes {
             0 => "widest".to_string(),
             b => format!("{}-bit", 8 * b),
         };
         return format!(
-            "lane-packed, {width} vectors, {} a trip",
+            "lane-packed, {width} vectors, {} a trip{prefetching}",
             s.batch_unroll.max(1)
         );
     }
     format!(
-        "{}x{} block{}, k {}{}{}{}",
+        "{}x{} block{}, k {}{}{}{}{prefetching}",
         s.m_vectors,
         s.n_cols,
         if s.b_resident {
@@ -338,8 +339,32 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
             distinct.push(s);
         }
     }
+    // Tiny matrices: the first three also prefetching the next matrices, which paid in the
+    // hot kernels of some (f64 3x3x3 and 5x5x5, f32 7x7x7: 4-7%) and not of others (f64
+    // 8x8x8 6% slower; docs/perf-notes.md, twenty-third session), so it is timed, not planned.
+    let bytes: usize = [Operand::A, Operand::B, Operand::C]
+        .iter()
+        .map(|&o| spec.footprint(o) * spec.dtype().size())
+        .sum();
+    if bytes <= PREFETCH_CANDIDATE_BYTES && limit > 1 {
+        let prefetching: Vec<Schedule> = distinct
+            .iter()
+            .take(3)
+            .map(|&s| Schedule {
+                prefetch: true,
+                ..s
+            })
+            .filter(|s| !distinct.contains(s) && s.validate(&problem, target).is_ok())
+            .collect();
+        distinct.truncate(limit.saturating_sub(prefetching.len()).max(1));
+        distinct.extend(prefetching);
+    }
     distinct
 }
+
+/// Bytes of A, B and C per matrix up to which `tune` also times prefetching variants of
+/// its best candidates (f32 7x7x7 is 588, f64 8x8x8 1536).
+const PREFETCH_CANDIDATE_BYTES: usize = 1536;
 
 /// Times every candidate of a shape: (schedule, median GFLOP/s), the planner's first.
 fn tune_shape<T: Element>(
