@@ -786,11 +786,7 @@ const ROUND_WARMUP: Duration = Duration::from_millis(2);
 
 /// Matrices per thread in the hot regime: `hot_bytes` of A, B and C.
 pub fn hot_batch(spec: &GemmSpec, hot_bytes: usize) -> usize {
-    let per: usize = [Operand::A, Operand::B, Operand::C]
-        .iter()
-        .map(|&o| spec.footprint(o) * spec.dtype().size())
-        .sum();
-    (hot_bytes / per).clamp(1, 1 << 20)
+    (hot_bytes / spec.footprint_bytes()).clamp(1, 1 << 20)
 }
 
 /// Times the GEMM memory pattern ([`Pattern::Gemm`]) over the bytes of `a`, `b` and `c`

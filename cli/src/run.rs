@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Operand, Scalar};
+use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Scalar};
 use smallgemm_ir::reference::TestData;
 
 use crate::{DtypeArg, ShapeArgs};
@@ -98,14 +98,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, String> {
 }
 
 fn run_one<T: Element>(jit: &Jit, spec: &GemmSpec, args: &RunArgs) -> Result<bool, String> {
-    let elt = spec.dtype().size();
-    let per_matrix: usize = [Operand::A, Operand::B, Operand::C]
-        .iter()
-        .map(|&o| spec.footprint(o) * elt)
-        .sum();
     let batch = args
         .batch
-        .unwrap_or((HOT_BYTES / per_matrix).clamp(1, 1 << 16));
+        .unwrap_or((HOT_BYTES / spec.footprint_bytes()).clamp(1, 1 << 16));
     let kernel = jit.kernel(spec).map_err(|e| e.to_string())?;
     let (alpha, beta) = (T::from_f64(args.alpha), T::from_f64(args.beta));
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use smallgemm::tuning::{self, TuningDb};
-use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Operand, Scalar, Schedule};
+use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Scalar, Schedule};
 use smallgemm_bench::measure::{time_parallel, Timing};
 use smallgemm_bench::stats::Summary;
 use smallgemm_ir::reference::TestData;
@@ -342,21 +342,18 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
     // Tiny matrices: the first three also prefetching the next matrices, which paid in the
     // hot kernels of some (f64 3x3x3 and 5x5x5, f32 7x7x7: 4-7%) and not of others (f64
     // 8x8x8 6% slower; docs/perf-notes.md, twenty-third session), so it is timed, not planned.
-    let bytes: usize = [Operand::A, Operand::B, Operand::C]
-        .iter()
-        .map(|&o| spec.footprint(o) * spec.dtype().size())
-        .sum();
-    if bytes <= PREFETCH_CANDIDATE_BYTES && limit > 1 {
+    if spec.footprint_bytes() <= PREFETCH_CANDIDATE_BYTES {
+        // At most half the limit, so that each one's plain form stays in.
         let prefetching: Vec<Schedule> = distinct
             .iter()
-            .take(3)
+            .take(3.min(limit / 2))
             .map(|&s| Schedule {
                 prefetch: true,
                 ..s
             })
             .filter(|s| !distinct.contains(s) && s.validate(&problem, target).is_ok())
             .collect();
-        distinct.truncate(limit.saturating_sub(prefetching.len()).max(1));
+        distinct.truncate(limit.max(1) - prefetching.len());
         distinct.extend(prefetching);
     }
     distinct
@@ -372,11 +369,7 @@ fn tune_shape<T: Element>(
     spec: &GemmSpec,
     args: &TuneArgs,
 ) -> Result<Vec<(Schedule, f64)>, String> {
-    let per_matrix: usize = [Operand::A, Operand::B, Operand::C]
-        .iter()
-        .map(|&o| spec.footprint(o) * spec.dtype().size())
-        .sum();
-    let batch = (HOT_BYTES / per_matrix).clamp(1, 1 << 16);
+    let batch = (HOT_BYTES / spec.footprint_bytes()).clamp(1, 1 << 16);
     let mut data = TestData::<T>::new(spec, batch, 7);
     let (a, b) = (data.a.clone(), data.b.clone());
     let timing = Timing {
@@ -545,6 +538,30 @@ mod tests {
                 s.validate(&spec.col_major(), Target::AVX512).unwrap();
             }
         }
+    }
+
+    #[test]
+    fn tiny_matrices_also_time_prefetching() {
+        // f64 7x7x7 is 1176 bytes of A, B and C: the first three candidates come again with
+        // prefetches, within the limit; 16x16x16 (6 KiB) has none.
+        for (n, limit) in [(7, 12), (7, 4), (3, 3)] {
+            let spec = GemmSpec::builder(Dtype::F64, n, n, n).build().unwrap();
+            let list = candidates(&spec, Target::AVX512, limit);
+            assert!(list.len() <= limit, "{list:?}");
+            let prefetching: Vec<_> = list.iter().filter(|s| s.prefetch).collect();
+            assert!(!prefetching.is_empty(), "{list:?}");
+            for p in prefetching {
+                let plain = Schedule {
+                    prefetch: false,
+                    ..*p
+                };
+                assert!(list.contains(&plain), "{p:?} without its plain form");
+            }
+        }
+        let spec = GemmSpec::builder(Dtype::F64, 16, 16, 16).build().unwrap();
+        assert!(!candidates(&spec, Target::AVX512, 12)
+            .iter()
+            .any(|s| s.prefetch));
     }
 
     #[test]

@@ -463,6 +463,15 @@ impl GemmSpec {
         self.ld(operand) * (other - 1) + lead
     }
 
+    /// Bytes one matrix each of A, B and C span in memory together.
+    pub fn footprint_bytes(&self) -> usize {
+        [Operand::A, Operand::B, Operand::C]
+            .iter()
+            .map(|&o| self.footprint(o))
+            .sum::<usize>()
+            * self.dtype.size()
+    }
+
     /// Elements a slice must hold for `batch` strided matrices of this operand (saturating at
     /// `usize::MAX`, which no slice holds). For pointer arrays: what each pointer must hold.
     pub fn required_len(&self, operand: Operand, batch: usize) -> usize {
@@ -612,6 +621,8 @@ mod tests {
             (3, 5, 3)
         );
         assert_eq!(s.footprint(Operand::A), 15);
+        // (15 + 20 + 12) f64 elements.
+        assert_eq!(s.footprint_bytes(), 376);
         assert_eq!(s.stride(Operand::B), 20);
         assert_eq!(s.required_len(Operand::C, 3), 36);
         assert_eq!(s.required_len(Operand::C, 0), 0);
