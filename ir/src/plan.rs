@@ -478,9 +478,9 @@ fn without_dot_tail(hot: &Schedule) -> Schedule {
 /// to hurt the 2x2 and 3x3 f64 kernels, whose 8 or 4 matrices per trip already keep the core
 /// busy. Not on Intel's cores, where it helped only by loading the next matrix's C before the
 /// masked store of the last column that held it up: with that store in pieces
-/// ([`Target::tail_store_holds_up_loads`]) it gained nothing with C read (13 shapes from
-/// 3x7x2 to 7x7x2, 0.99x) and cost 1.4-2.2x with beta = 0 (docs/perf-notes.md,
-/// twenty-third session). AMD's targets keep it (not measured there).
+/// ([`Target::tail_store_holds_up_loads`]) it gained nothing with C read (twelve tiny
+/// rectangular shapes from 3x7x2 to 7x7x2, 0.99x) and cost 1.4-2.2x with beta = 0
+/// (docs/perf-notes.md, twenty-third session). AMD's targets keep it (not measured there).
 pub fn interleave(problem: &ColMajorProblem, target: Target, s: &Schedule) -> bool {
     s.batch_unroll >= 2 && problem.m * problem.n >= 16 && !target.masked_stores_hold_up_loads()
 }
