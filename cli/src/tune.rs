@@ -16,6 +16,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use smallgemm::tuning::{self, TuningDb};
 use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Scalar, Schedule};
+use smallgemm_bench::buffer::AlignedBuf;
 use smallgemm_bench::measure::{time_parallel, Timing};
 use smallgemm_bench::stats::Summary;
 use smallgemm_ir::reference::TestData;
@@ -402,7 +403,18 @@ fn tune_shape<T: Element>(
         }
         kernels.push((schedule, kernel));
     }
-    let c = std::sync::Mutex::new(data.c_mut());
+    // Timed on cache-line-aligned copies, as `smallgemm bench` lays out its operands: on
+    // the reference data's own (16 bytes past a line) every column of f64 8x8x8 spans two
+    // lines, and it timed 43-52 GFLOP/s against the bench's 57 (docs/perf-notes.md,
+    // twenty-third session).
+    let aligned = |x: &[T]| -> Result<AlignedBuf<T>, String> {
+        let mut buf = AlignedBuf::zeroed(x.len())?;
+        buf.copy_from_slice(x);
+        Ok(buf)
+    };
+    let (a, b) = (aligned(&a)?, aligned(&b)?);
+    let mut c = aligned(data.c_mut())?;
+    let c = std::sync::Mutex::new(&mut c[..]);
     let rate = |kernel: &smallgemm::Kernel, timing: &Timing| -> Result<f64, String> {
         let samples = time_parallel(1, timing, |_| {
             let mut c = c.lock().map_err(|_| "poisoned".to_string())?;
