@@ -37,6 +37,13 @@ impl<T: Element> AlignedBuf<T> {
         Ok(AlignedBuf { ptr, len })
     }
 
+    /// A line-aligned copy of `x`.
+    pub fn from_slice(x: &[T]) -> Result<Self, String> {
+        let mut buf = Self::zeroed(x.len())?;
+        buf.copy_from_slice(x);
+        Ok(buf)
+    }
+
     /// Random values in ±[1/4, 1] (never zero or tiny: no denormals, no shortcuts).
     pub fn random(len: usize, seed: u64) -> Result<Self, String> {
         let mut buf = Self::zeroed(len)?;

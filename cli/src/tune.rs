@@ -407,13 +407,8 @@ fn tune_shape<T: Element>(
     // the reference data's own (16 bytes past a line) every column of f64 8x8x8 spans two
     // lines, and it timed 43-52 GFLOP/s against the bench's 57 (docs/perf-notes.md,
     // twenty-third session).
-    let aligned = |x: &[T]| -> Result<AlignedBuf<T>, String> {
-        let mut buf = AlignedBuf::zeroed(x.len())?;
-        buf.copy_from_slice(x);
-        Ok(buf)
-    };
-    let (a, b) = (aligned(&a)?, aligned(&b)?);
-    let mut c = aligned(data.c_mut())?;
+    let (a, b) = (AlignedBuf::from_slice(&a)?, AlignedBuf::from_slice(&b)?);
+    let mut c = AlignedBuf::from_slice(data.c_mut())?;
     let c = std::sync::Mutex::new(&mut c[..]);
     let rate = |kernel: &smallgemm::Kernel, timing: &Timing| -> Result<f64, String> {
         let samples = time_parallel(1, timing, |_| {
