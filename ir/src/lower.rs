@@ -404,7 +404,9 @@ impl Lowering<'_> {
     }
 
     /// Repeats `block` over `count` equal blocks: inline with growing offsets, or as a loop
-    /// that advances cursor registers; then the remainder block after them.
+    /// that advances cursor registers; then the remainder block after them. `block` learns
+    /// whether it makes the remainder, and whether its code is the last block's alone (not
+    /// a loop body that also serves the blocks before).
     #[allow(clippy::too_many_arguments)]
     fn repeat(
         &mut self,
@@ -413,7 +415,13 @@ impl Lowering<'_> {
         unroll: bool,
         cursors: [(Role, Cursor, i64); 2],
         counter: Role,
-        mut block: impl FnMut(&mut Self, &mut Vec<Op>, [Cursor; 2], bool) -> Result<(), LowerError>,
+        mut block: impl FnMut(
+            &mut Self,
+            &mut Vec<Op>,
+            [Cursor; 2],
+            bool,
+            bool,
+        ) -> Result<(), LowerError>,
         has_remainder: bool,
     ) -> Result<(), LowerError> {
         let [(r0, c0, step0), (r1, c1, step1)] = cursors;
@@ -422,7 +430,7 @@ impl Lowering<'_> {
             let k1 = self.cursor_in(out, r1, c1);
             let (g0, g1) = (k0.reg, k1.reg);
             let mut body = Vec::new();
-            block(self, &mut body, [k0, k1], false)?;
+            block(self, &mut body, [k0, k1], false, false)?;
             body.push(Op::AddImm {
                 dst: g0,
                 imm: imm(step0)?,
@@ -438,16 +446,24 @@ impl Lowering<'_> {
                 body,
             });
             if has_remainder {
-                block(self, out, [k0, k1], true)?;
+                block(self, out, [k0, k1], true, true)?;
             }
         } else {
             let (c0, c1) = (self.direct(out, c0), self.direct(out, c1));
             for i in 0..count as i64 {
-                block(self, out, [c0.plus(i * step0), c1.plus(i * step1)], false)?;
+                let at = [c0.plus(i * step0), c1.plus(i * step1)];
+                let final_block = !has_remainder && i + 1 == count as i64;
+                block(self, out, at, false, final_block)?;
             }
             if has_remainder {
                 let n = count as i64;
-                block(self, out, [c0.plus(n * step0), c1.plus(n * step1)], true)?;
+                block(
+                    self,
+                    out,
+                    [c0.plus(n * step0), c1.plus(n * step1)],
+                    true,
+                    true,
+                )?;
             }
         }
         Ok(())
@@ -513,7 +529,7 @@ impl Lowering<'_> {
                 (Role::RowC, self.bases[2], c_step),
             ],
             Role::RowCount,
-            |l, out, [a, c], last| {
+            |l, out, [a, c], last, _| {
                 let rb = if last { rem_block } else { full_block };
                 l.row_panel(out, a, c, rb)
             },
@@ -705,8 +721,6 @@ impl Lowering<'_> {
         let nr = self.s.n_cols;
         let (full, rem) = (p.n / nr, p.n % nr);
         let b_col = self.b_col_bytes();
-        let unrolled = full < 2 || self.s.unroll_n_blocks;
-        let mut blocks_made = 0;
         self.repeat(
             out,
             full,
@@ -716,12 +730,10 @@ impl Lowering<'_> {
                 (Role::ColC, c, (nr * p.ldc) as i64 * self.elt),
             ],
             Role::ColCount,
-            |l, out, [b, c], last| {
+            // The last block's code holds the matrix's last column (a loop's body serves
+            // every block: it has none of its own).
+            |l, out, [b, c], last, ends| {
                 let cols = if last { rem } else { nr };
-                // The block with the matrix's last column, where that is one block's code
-                // (a loop's body serves every block; it has none).
-                blocks_made += 1;
-                let ends = last || (rem == 0 && unrolled && blocks_made == full);
                 l.block(out, a, a_col, b, c, rb, cols, ends)
             },
             rem != 0,
@@ -1093,10 +1105,10 @@ impl Lowering<'_> {
     /// (`Op::StorePieces`) instead of through its mask: a masked tail on a target whose
     /// masked stores are slow ([`Target::tail_stores_in_pieces`]).
     ///
-    /// Also the tails of the matrix's last column where C is read and the masked store
-    /// would reach past the matrix (`ends_matrix`): the next matrix's first load of C
-    /// overlaps the store's whole vector and waits until the store commits, which ties
-    /// each matrix of the batch to the one before ([`Target::tail_store_holds_up_loads`]).
+    /// Also the tails of the matrix's last column where C is read (`ends_matrix`): the masked
+    /// store's whole vector reaches past the column, into the next matrix's C in a packed
+    /// batch, whose first load of C then waits until the store commits, which ties each
+    /// matrix of the batch to the one before ([`Target::tail_store_holds_up_loads`]).
     fn store_pieces(&self, rb: RowBlock, vector: usize, ends_matrix: bool) -> Option<u8> {
         let full = rb.rows / self.lanes;
         if !rb.tail || vector < full {
