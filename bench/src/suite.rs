@@ -103,7 +103,7 @@ impl Config {
                 .collect(),
             alpha: 1.0,
             beta: 1.0,
-            hot_bytes: 512 << 10,
+            hot_bytes: HOT_BYTES,
             stream_bytes: 1 << 30,
             // Short samples: on a shared machine a sample that the scheduler interrupts is
             // an outlier, and shorter ones are interrupted less often.
@@ -783,6 +783,10 @@ impl Runner<'_, '_> {
 
 /// Warm-up before each sample after the first round (see `measure`).
 const ROUND_WARMUP: Duration = Duration::from_millis(2);
+
+/// Bytes of A, B and C per thread in the hot regime by default (`run` and `tune` time
+/// batches of this size too): comfortably inside L2.
+pub const HOT_BYTES: usize = 512 << 10;
 
 /// Matrices per thread in the hot regime: `hot_bytes` of A, B and C.
 pub fn hot_batch(spec: &GemmSpec, hot_bytes: usize) -> usize {

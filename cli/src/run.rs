@@ -6,6 +6,7 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Scalar};
 use smallgemm_bench::buffer::AlignedBuf;
+use smallgemm_bench::suite::{hot_batch, HOT_BYTES};
 use smallgemm_ir::reference::TestData;
 
 use crate::{DtypeArg, ShapeArgs};
@@ -40,9 +41,6 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
-
-/// Bytes of the batch the default batch length aims at: comfortably inside L2.
-const HOT_BYTES: usize = 512 * 1024;
 
 /// Each timed sample runs at least this long, so the clock's resolution does not matter.
 const MIN_SAMPLE_SECONDS: f64 = 100e-6;
@@ -99,23 +97,24 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, String> {
 }
 
 fn run_one<T: Element>(jit: &Jit, spec: &GemmSpec, args: &RunArgs) -> Result<bool, String> {
-    let batch = args
-        .batch
-        .unwrap_or((HOT_BYTES / spec.footprint_bytes()).clamp(1, 1 << 16));
+    let batch = args.batch.unwrap_or(hot_batch(spec, HOT_BYTES));
     let kernel = jit.kernel(spec).map_err(|e| e.to_string())?;
     let (alpha, beta) = (T::from_f64(args.alpha), T::from_f64(args.beta));
 
     let mut data = TestData::<T>::new(spec, batch, args.seed);
-    let (a, b) = (data.a.clone(), data.b.clone());
+    // A and B as line-aligned copies, as `smallgemm bench` lays out its operands: on the
+    // reference data's own, 16 bytes past a line, f64 8x8x8 timed 43.8 GFLOP/s against the
+    // bench's 57.4.
+    let (a, b) = (
+        AlignedBuf::from_slice(&data.a)?,
+        AlignedBuf::from_slice(&data.b)?,
+    );
     kernel
         .run(&a, &b, data.c_mut(), batch, alpha, beta)
         .map_err(|e| e.to_string())?;
     let report = data.check(alpha.to_f64(), beta.to_f64());
 
-    // Timing, on line-aligned copies as `smallgemm bench` lays out its operands (on the
-    // reference data's own, 16 bytes past a line, f64 8x8x8 timed 43.8 GFLOP/s against the
-    // bench's 57.4): warm up, size the samples, take the median.
-    let (a, b) = (AlignedBuf::from_slice(&a)?, AlignedBuf::from_slice(&b)?);
+    // Timing, on an aligned copy of C too: warm up, size the samples, take the median.
     let mut c = AlignedBuf::from_slice(data.c_mut())?;
     let mut call = || kernel.run(&a, &b, &mut c, batch, alpha, beta);
     call().map_err(|e| e.to_string())?;

@@ -19,6 +19,7 @@ use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Scalar, Schedule};
 use smallgemm_bench::buffer::AlignedBuf;
 use smallgemm_bench::measure::{time_parallel, Timing};
 use smallgemm_bench::stats::Summary;
+use smallgemm_bench::suite::{hot_batch, HOT_BYTES};
 use smallgemm_ir::reference::TestData;
 use smallgemm_ir::{choose_unrolling, estimated_cycles, estimated_ops, Target, UNROLL_BUDGET};
 
@@ -70,9 +71,6 @@ pub struct TuneArgs {
     #[arg(long)]
     db: Option<std::path::PathBuf>,
 }
-
-/// Bytes of A, B and C each timed batch spans: inside L2, as in the hot benchmark.
-const HOT_BYTES: usize = 512 * 1024;
 
 pub fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
     if !(0.0..1.0).contains(&args.tolerance) {
@@ -370,9 +368,16 @@ fn tune_shape<T: Element>(
     spec: &GemmSpec,
     args: &TuneArgs,
 ) -> Result<Vec<(Schedule, f64)>, String> {
-    let batch = (HOT_BYTES / spec.footprint_bytes()).clamp(1, 1 << 16);
+    let batch = hot_batch(spec, HOT_BYTES);
     let mut data = TestData::<T>::new(spec, batch, 7);
-    let (a, b) = (data.a.clone(), data.b.clone());
+    // A, B and (below) C as cache-line-aligned copies, as `smallgemm bench` lays out its
+    // operands: on the reference data's own (16 bytes past a line) every column of f64
+    // 8x8x8 spans two lines, and it timed 43-52 GFLOP/s against the bench's 57
+    // (docs/perf-notes.md, twenty-third session).
+    let (a, b) = (
+        AlignedBuf::from_slice(&data.a)?,
+        AlignedBuf::from_slice(&data.b)?,
+    );
     let timing = Timing {
         warmup: Duration::from_millis(5),
         min_sample: Duration::from_micros(200),
@@ -403,11 +408,6 @@ fn tune_shape<T: Element>(
         }
         kernels.push((schedule, kernel));
     }
-    // Timed on cache-line-aligned copies, as `smallgemm bench` lays out its operands: on
-    // the reference data's own (16 bytes past a line) every column of f64 8x8x8 spans two
-    // lines, and it timed 43-52 GFLOP/s against the bench's 57 (docs/perf-notes.md,
-    // twenty-third session).
-    let (a, b) = (AlignedBuf::from_slice(&a)?, AlignedBuf::from_slice(&b)?);
     let mut c = AlignedBuf::from_slice(data.c_mut())?;
     let c = std::sync::Mutex::new(&mut c[..]);
     let rate = |kernel: &smallgemm::Kernel, timing: &Timing| -> Result<f64, String> {
