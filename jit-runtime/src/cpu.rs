@@ -36,14 +36,13 @@ pub fn supported_isas() -> Vec<Isa> {
 /// 1.45x, 32 1.35x; f32 24 1.18x, 32 1.23x, 4 0.97x; one thread, alternated in one process:
 /// docs/perf-notes.md, eighth session). Likely, not measured: its hardware prefetchers
 /// follow the blocks' ascending columns alone, and the extra loads only compete with them.
-/// Ninth session, same VM:
-/// `prefetcht0` one, two or four trips ahead lost again (f64 12..32, geomean over LIBXSMM
-/// 0.79-1.00x against 1.15-1.24x without), `prefetcht1` / `prefetcht2` one trip ahead won
-/// nowhere reliably. On AMD CPUs without AVX-512 (Zen 1 to 3; measured on Zen 3) they pay
-/// four trips ahead ([`prefetch_trips`]): there the streaming bench gained 1.03-1.14x for
-/// f32 at every size and 1.04-1.05x for f64 from 16 against no prefetches (one and two
-/// threads, alternated twice; docs/perf-notes.md, eighteenth session), where one trip ahead
-/// had lost. Sets [`Target::software_prefetch`].
+/// Ninth session, same VM: `prefetcht0` one, two or four trips ahead lost again (f64
+/// 12..32, geomean over LIBXSMM 0.79-1.00x against 1.15-1.24x without), `prefetcht1` /
+/// `prefetcht2` one trip ahead won nowhere reliably. On AMD CPUs without AVX-512 (Zen 1 to
+/// 3; measured on Zen 3) they pay four trips ahead ([`prefetch_trips`]): there the
+/// streaming bench gained 1.03-1.14x for f32 at every size and 1.04-1.05x for f64 from 16
+/// against no prefetches (one and two threads, alternated twice; docs/perf-notes.md,
+/// eighteenth session), where one trip ahead had lost. Sets [`Target::software_prefetch`].
 fn software_prefetch_pays() -> bool {
     amd_family().is_none() || !has_avx512()
 }
