@@ -127,6 +127,9 @@ struct Lowering<'a> {
     bases: [Cursor; 3],
     /// C's last row as dot products, when the schedule asks and A and B are read at all.
     dot: Option<DotTail>,
+    /// Columns of the current row panel's blocks: the schedule's, or more where the panel
+    /// is shorter than the schedule's blocks ([`Lowering::panel_cols`]).
+    cols: usize,
 }
 
 /// Lowers `problem` with `schedule` for `target`.
@@ -186,6 +189,7 @@ fn lower_blocks(
         bases: [Gpr::A, Gpr::B, Gpr::C].map(Cursor::at),
         vregs_used: regs.total(),
         dot: None,
+        cols: schedule.n_cols,
     };
     l.program()
 }
@@ -372,7 +376,7 @@ impl Lowering<'_> {
     }
 
     fn acc(&self, vector: usize, col: usize) -> VReg {
-        VReg((vector * self.s.n_cols + col) as u8)
+        VReg((vector * self.cols + col) as u8)
     }
 
     /// Temporaries: the A registers, the broadcast register and any epilogue extras.
@@ -718,10 +722,11 @@ impl Lowering<'_> {
         } else {
             (a, p.lda as i64 * self.elt)
         };
-        let nr = self.s.n_cols;
+        let nr = self.panel_cols(rb);
+        self.cols = nr;
         let (full, rem) = (p.n / nr, p.n % nr);
         let b_col = self.b_col_bytes();
-        self.repeat(
+        let done = self.repeat(
             out,
             full,
             self.s.unroll_n_blocks,
@@ -737,7 +742,27 @@ impl Lowering<'_> {
                 l.block(out, a, a_col, b, c, rb, cols, ends)
             },
             rem != 0,
-        )
+        );
+        self.cols = self.s.n_cols;
+        done
+    }
+
+    /// Columns per block in a row panel of `rb`: a panel fewer vectors tall than the
+    /// schedule's blocks (the rows past the last whole block) spends the accumulators
+    /// those vectors leave free on more columns, in blocks of even width, so that each
+    /// of its steps of k loads A and runs its loop once for more FMAs. Only where B comes
+    /// through one broadcast register or from memory: a register per column (`b_resident`,
+    /// FMA by element) would outgrow the schedule's registers.
+    fn panel_cols(&self, rb: RowBlock) -> usize {
+        let n = self.s.n_cols;
+        let widen = rb.vectors < self.s.m_vectors
+            && matches!(self.b_operand, BOperand::Broadcast | BOperand::Memory);
+        if !widen || rb.vectors == 0 {
+            return n;
+        }
+        let most = (self.s.m_vectors * n / rb.vectors).min(self.p.n);
+        let blocks = self.p.n.div_ceil(most);
+        self.p.n.div_ceil(blocks).max(n)
     }
 
     /// Bytes between op(B)[p, j] and op(B)[p, j + 1].
@@ -929,9 +954,13 @@ impl Lowering<'_> {
             }
             return Ok(());
         }
+        // A block one vector tall (a schedule's row tail) gains nothing from a broadcast
+        // register: each element serves one FMA, so the FMA takes it from memory.
+        let from_memory = self.b_operand == BOperand::Memory
+            || (rb.vectors == 1 && self.target.fma_broadcast_operand());
         for j in 0..cols {
             let b_addr = addr(b.plus(j as i64 * b_col))?;
-            if self.b_operand == BOperand::Memory {
+            if from_memory {
                 for v in 0..rb.vectors {
                     let fma = Op::FmaBroadcast {
                         acc: self.acc(v, j),

@@ -533,3 +533,85 @@ fn dot_product_tails_compute_the_reference() {
     }
     assert!(lowered >= 100, "only {lowered} cases");
 }
+
+#[test]
+fn short_row_panels_take_more_columns() {
+    // f64 21x21x21 in 2x11 blocks: rows 16..20 are one vector tall, so their panel takes
+    // all 21 columns in one block (one masked A load per step of k, not two), and on
+    // AVX-512 its FMAs take B from memory (no broadcast register for one FMA each).
+    let spec = GemmSpec::builder(Dtype::F64, 21, 21, 21)
+        .beta(Scalar::Zero)
+        .build()
+        .unwrap();
+    let schedule = Schedule {
+        m_vectors: 2,
+        n_cols: 11,
+        k_unroll: 0,
+        unroll_m_blocks: true,
+        unroll_n_blocks: true,
+        ..smallgemm_ir::plan(&spec.col_major(), Target::AVX512)
+    };
+    let (_, program) = compile_program(&spec, Target::AVX512, Some(&schedule)).unwrap();
+    let count = |f: &dyn Fn(&Op) -> bool| count_ops(&program.ops, &|_, op| f(op));
+    assert_eq!(
+        count(&|op| matches!(op, Op::Load { mask: Some(_), .. })),
+        21,
+        "{program}"
+    );
+    assert_eq!(
+        count(&|op| matches!(op, Op::FmaBroadcast { .. })),
+        21 * 21,
+        "{program}"
+    );
+    assert_eq!(count(&|op| matches!(op, Op::Fma { .. })), 2 * 21 * 21);
+
+    // Every transpose and scalar kind, panels one and two vectors short of the blocks,
+    // looped and unrolled, with dot-product rows, interleaved pairs and B in registers
+    // (which keeps its columns).
+    let block =
+        |m_vectors, n_cols, k_unroll, unrolled, dot_tail, interleave, b_resident| Schedule {
+            m_vectors,
+            n_cols,
+            k_unroll,
+            unroll_m_blocks: unrolled,
+            unroll_n_blocks: unrolled,
+            vector_bytes: 0,
+            batch_unroll: if interleave { 2 } else { 0 },
+            prefetch: !unrolled,
+            split_tail: false,
+            interleave,
+            lane_pack: false,
+            dot_tail,
+            b_resident,
+        };
+    let (mut seed, mut ran) = (7000, 0);
+    for (m, n, k) in [(21, 21, 21), (37, 23, 19), (20, 30, 5), (41, 9, 3)] {
+        for target in [
+            Target::AVX2,
+            Target::AVX2_AMD,
+            Target::AVX512,
+            Target::AVX512_HALVES,
+        ] {
+            for s in [
+                block(2, 11, 2, false, false, false, false),
+                block(3, 4, 0, true, false, false, false),
+                block(2, 5, 3, false, true, false, false),
+                block(2, 3, 0, true, false, true, false),
+                block(3, 3, 4, false, false, false, true),
+            ] {
+                let fits = |spec: &GemmSpec| s.validate(&spec.col_major(), target).is_ok();
+                for spec in specs(Dtype::F64, m, n, k).into_iter().filter(fits) {
+                    seed += 1;
+                    run_case::<f64>(&spec, target, Some(&s), seed);
+                    ran += 1;
+                }
+                for spec in specs(Dtype::F32, m, n, k).into_iter().filter(fits) {
+                    seed += 1;
+                    run_case::<f32>(&spec, target, Some(&s), seed);
+                    ran += 1;
+                }
+            }
+        }
+    }
+    assert!(ran >= 300, "{ran}");
+}
