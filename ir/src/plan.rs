@@ -538,8 +538,9 @@ fn pieces(total: usize, block: usize) -> [(usize, usize); 2] {
 }
 
 /// Estimated cycles per matrix: each register block runs k steps, each bound by FMA or
-/// load throughput (full vectors and broadcasts, see [`Target::mixed_loads_per_cycle`]) or
-/// by the FMA latency chain, plus reading and writing its C once.
+/// load throughput (full vectors and broadcasts, see [`Target::mixed_loads_per_cycle`];
+/// both near saturation cost more, [`Target::saturation_norm`]) or by the FMA latency
+/// chain ([`Target::fma_latency_norm`]), plus reading and writing its C once.
 pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f64 {
     if s.lane_pack {
         return crate::lane_pack::geometry(problem, target, s).map_or(f64::INFINITY, |g| {
@@ -570,7 +571,11 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
                 Some(squarings) => power_norm(fma_cycles, load_cycles, squarings),
                 None => fma_cycles.max(load_cycles),
             };
-            let step = throughput.max(if fmas > 0.0 { FMA_LATENCY } else { 0.0 });
+            let latency = if fmas > 0.0 { FMA_LATENCY } else { 0.0 };
+            let step = match target.fma_latency_norm() {
+                Some(squarings) => power_norm(throughput, latency, squarings),
+                None => throughput.max(latency),
+            };
             let epilogue = fmas * (1.0 + c_reads);
             cycles += (row_count * col_count) as f64 * (problem.k as f64 * step + epilogue);
         }
@@ -646,6 +651,40 @@ pub fn estimated_ops(problem: &ColMajorProblem, target: Target, s: &Schedule) ->
 mod tests {
     use super::*;
     use crate::spec::GemmSpec;
+
+    #[test]
+    fn intel_avx512_costs_blocks_near_the_fma_latency_and_the_load_ports() {
+        // f64 64x48x64 (k long, every block whole): per FMA, a 1x8 block (8 accumulators,
+        // a load per FMA) costs more than a 1x12 one, which costs more than a 4x6 one
+        // (fewer loads per FMA) on Intel's AVX-512; Zen 4's halves keep the hard max,
+        // which ties all three at the FMA bound.
+        let problem = GemmSpec::builder(Dtype::F64, 64, 48, 64)
+            .build()
+            .unwrap()
+            .col_major();
+        let per_fma = |target: Target, m_vectors: usize, n_cols: usize| {
+            let s = Schedule {
+                m_vectors,
+                n_cols,
+                ..plan(&problem, target)
+            };
+            estimated_cycles(&problem, target, &s)
+        };
+        let intel = Target::AVX512;
+        assert!(per_fma(intel, 1, 8) > 1.05 * per_fma(intel, 1, 12));
+        assert!(per_fma(intel, 1, 12) > 1.005 * per_fma(intel, 4, 6));
+        let halves = Target::AVX512_HALVES;
+        let (a, b, c) = (
+            per_fma(halves, 1, 8),
+            per_fma(halves, 1, 12),
+            per_fma(halves, 4, 6),
+        );
+        assert!((a - b).abs() < 1e-9 && (b - c).abs() < 1e-9, "{a} {b} {c}");
+        // So the planner takes blocks past both edges there.
+        let planned = plan(&problem, intel);
+        assert!(planned.m_vectors * planned.n_cols >= 12, "{planned:?}");
+        assert!(planned.m_vectors >= 2, "{planned:?}");
+    }
 
     /// The search without the width pruning: every width, narrowest first.
     fn exhaustive_block(problem: &ColMajorProblem, target: Target) -> Option<(f64, Schedule)> {

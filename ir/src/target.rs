@@ -294,10 +294,38 @@ impl Target {
     /// plans, hot, one thread, alternated in one process, where they differ: f64 12 1.06x,
     /// 13 1.06x, 24 1.05x, 30 1.10x, 32 1.11x, f32 24..27 and 29..32 1.01-1.06x; f32 12,
     /// 16 and 28 0.94-0.96x; the rest within 2%.
+    ///
+    /// AVX-512 on Intel: Some(3) too (with [`Target::fma_latency_norm`]). On an Emerald
+    /// Rapids Xeon one-vector blocks that broadcast B from memory ran at the FMA bound in
+    /// register-only loops from L1 (1x12 to 1x30: 98-99%), but in whole kernels with the
+    /// batch in L2 the blocks the hard max picked there (1x8 to 1x12, a load per FMA) ran
+    /// 6-20% behind the tuner's taller ones. Planned with both norms against the hard max,
+    /// hot, one thread, alternated, shapes without tuning entries: 30 rectangular and
+    /// larger shapes (7x40x40 to 100x40x90) geomean f64 1.06-1.07x, f32 1.05-1.06x (four
+    /// runs; 50x8x50 1.21-1.32x, 100x40x90 1.10-1.15x; the one loss 16x40x16, 0.92-0.96x);
+    /// squares 2..32 and the small-k shapes with no database at all f64 1.04x, f32 1.02x
+    /// (mid squares 1.06-1.22x; shapes with k = 8 0.92-1.14x). AMD's Zen 4 (halves) keeps
+    /// the hard max, measured there.
     pub fn saturation_norm(self) -> Option<u32> {
         match self.isa {
             Isa::Avx2 => Some(3),
+            Isa::Avx512 if !self.halves_512 => Some(3),
             Isa::Avx512 | Isa::Neon => None,
+        }
+    }
+
+    /// How a step of a register block with few accumulators is costed against the FMA
+    /// latency (each accumulator's FMAs form a chain): None, by the longer of the two;
+    /// Some(s), by their p-norm with p = 2^s. On Intel's AVX-512 cores the chains' limit
+    /// is not sharp: register-only loops of one block, 128 steps from L1 on an Emerald
+    /// Rapids Xeon, ran 1x8 and 2x4 blocks (8 accumulators, the latency's 4 cycles times 2
+    /// FMAs a cycle) at 94% and 86% of the FMA bound, 12 accumulators (1x12, 2x6, 3x4) at
+    /// 98-100%; the 8-norm says 92% and 99.5%. See [`Target::saturation_norm`] for what
+    /// the two norms did to the plans.
+    pub fn fma_latency_norm(self) -> Option<u32> {
+        match self.isa {
+            Isa::Avx512 if !self.halves_512 => Some(3),
+            _ => None,
         }
     }
 
