@@ -1161,9 +1161,15 @@ fn tune_buckets(
     let ks: Vec<usize> = (1..=spec.k().div_ceil(cuda::BUCKET_K))
         .map(|i| (i * cuda::BUCKET_K).min(spec.k()))
         .collect();
-    let mut sides: Vec<(usize, usize, usize)> = [8, 16, 24, 32]
-        .iter()
-        .flat_map(|&m| [8, 16, 24, 32].map(|n| (m, n)))
+    let bounds = |extent: usize| -> Vec<usize> {
+        (1..=extent.div_ceil(cuda::BUCKET_MN))
+            .map(|i| (i * cuda::BUCKET_MN).min(extent))
+            .collect()
+    };
+    let ns = bounds(spec.n());
+    let mut sides: Vec<(usize, usize, usize)> = bounds(spec.m())
+        .into_iter()
+        .flat_map(|m| ns.iter().map(move |&n| (m, n)))
         .flat_map(|(m, n)| ks.iter().map(move |&k| (m, n, k)))
         .collect();
     sides.sort_by_key(|&(m, n, k)| std::cmp::Reverse(m * n * k));

@@ -650,11 +650,11 @@ struct Bucket {
 }
 
 /// A variable-size batch split by size for repeated launches: each problem goes to the
-/// bucket of its m and n rounded up to a multiple of 8, and each bucket runs the
-/// variable-size kernel sized by its bound, up to four buckets at a time on their own
-/// streams. A single launch sized by
-/// the largest problem gives every small problem the threads and shared memory of the
-/// largest; here a problem's slot is at most 8 rows and columns larger than the problem.
+/// bucket of its m and n rounded up to a multiple of [`BUCKET_MN`] and its k to one of
+/// [`BUCKET_K`], and each bucket runs the variable-size kernel sized by its bound, up to
+/// four buckets at a time on their own streams. A single launch sized by the largest
+/// problem gives every small problem the threads and shared memory of the largest; here a
+/// problem's slot is at most 15 rows and columns larger than the problem.
 pub struct BucketedBatch {
     buckets: Vec<Bucket>,
     /// Streams the buckets run on concurrently (the tail of one bucket's grid overlaps the
@@ -810,16 +810,26 @@ impl BucketedBatch {
     }
 }
 
-/// [`Gpu::bucket_variable`] splits a batch at multiples of this k (and of 8 in m and n):
-/// the buckets' kernels stage A and B only up to their k bound (the unrolled k loop leaves at
-/// each problem's own k either way, but the staging writes the whole bound, zeros past k).
-/// Measured on the H100 with f32 (docs/gpu-notes.md, version 10): 16 took the bucketed batch
-/// from 78% of the bound to 80.6% (f64 within noise); 8 (64 buckets) gained nothing.
+/// [`Gpu::bucket_variable`] splits a batch at multiples of this m and n: sizes uniform in
+/// 1..32 fall in 2 x 2 buckets of m and n (8 buckets with [`BUCKET_K`]'s two of k; 32 with
+/// 8 here). Measured on the H100, `bench --gpu --variable-only`, five rounds alternated
+/// (docs/gpu-notes.md, version 24): f32 4940-4955 GFLOP/s with 8 -> 5035-5061 with 16
+/// (81-82% -> 83% of the bound), f64 2536-2543 -> 2565-2580 (83% -> 84-85%); 4, 12, 32 and
+/// 16 x 32 lost (f32 69-77%). A bucket's problems lie closer together in memory.
+pub const BUCKET_MN: usize = 16;
+
+/// [`Gpu::bucket_variable`] splits a batch at multiples of this k (and of [`BUCKET_MN`] in
+/// m and n): the buckets' kernels stage A and B only up to their k bound (the unrolled k
+/// loop leaves at each problem's own k either way, but the staging writes the whole bound,
+/// zeros past k). Measured on the H100 with f32 (docs/gpu-notes.md, version 10): 16 took
+/// the bucketed batch from 78% of the bound to 80.6% (f64 within noise); 8 (64 buckets)
+/// gained nothing.
 pub const BUCKET_K: usize = 16;
 
 /// The spec of the bucket of `spec`'s variable-size batch whose problems have m, n and k up
-/// to `m`, `n` and `k` ([`Gpu::bucket_variable`] rounds m and n up to multiples of 8, k to
-/// one of [`BUCKET_K`]): its kernel, and its tuning database key, are those of this spec
+/// to `m`, `n` and `k` ([`Gpu::bucket_variable`] rounds m and n up to multiples of
+/// [`BUCKET_MN`], k to one of [`BUCKET_K`]): its kernel, and its tuning database key, are
+/// those of this spec
 /// with `BatchKind::VariableSize`.
 pub fn bucket_spec(spec: &GemmSpec, m: usize, n: usize, k: usize) -> Result<GemmSpec, CudaError> {
     Ok(GemmSpec::builder(spec.dtype(), m, n, k)
@@ -876,8 +886,8 @@ impl Gpu {
                 continue;
             }
             let key = (
-                bound(d[0], 8).min(spec.m()),
-                bound(d[1], 8).min(spec.n()),
+                bound(d[0], BUCKET_MN).min(spec.m()),
+                bound(d[1], BUCKET_MN).min(spec.n()),
                 bound(d[2], BUCKET_K).min(spec.k()),
             );
             groups.entry(key).or_default().push(i);
