@@ -43,6 +43,31 @@ fn run_case<T: Element>(spec: &GemmSpec, target: Target, schedule: Option<&Sched
     );
 }
 
+/// Runs the cases of [`specs`] of both element types that `s` fits on `target`, each with
+/// the next seed; returns how many ran.
+fn run_fitting(
+    (m, n, k): (usize, usize, usize),
+    target: Target,
+    s: &Schedule,
+    seed: &mut u64,
+) -> usize {
+    let fits = |spec: &GemmSpec| s.validate(&spec.col_major(), target).is_ok();
+    let f64_specs = specs(Dtype::F64, m, n, k).into_iter().filter(fits);
+    let f32_specs = specs(Dtype::F32, m, n, k).into_iter().filter(fits);
+    let mut ran = 0;
+    for spec in f64_specs {
+        *seed += 1;
+        run_case::<f64>(&spec, target, Some(s), *seed);
+        ran += 1;
+    }
+    for spec in f32_specs {
+        *seed += 1;
+        run_case::<f32>(&spec, target, Some(s), *seed);
+        ran += 1;
+    }
+    ran
+}
+
 fn specs(dtype: Dtype, m: usize, n: usize, k: usize) -> Vec<GemmSpec> {
     let mut out = Vec::new();
     let scalars = [
@@ -145,17 +170,7 @@ fn b_resident_blocks_compute_the_reference() {
                 block(3, 3, 3, false, 0, true),
             ] {
                 // A 4x3 block has no register left for AVX2's tail mask.
-                let fits = |spec: &GemmSpec| s.validate(&spec.col_major(), target).is_ok();
-                for spec in specs(Dtype::F64, m, n, k).into_iter().filter(fits) {
-                    seed += 1;
-                    run_case::<f64>(&spec, target, Some(&s), seed);
-                    ran += 1;
-                }
-                for spec in specs(Dtype::F32, m, n, k).into_iter().filter(fits) {
-                    seed += 1;
-                    run_case::<f32>(&spec, target, Some(&s), seed);
-                    ran += 1;
-                }
+                ran += run_fitting((m, n, k), target, &s, &mut seed);
             }
         }
     }
@@ -599,17 +614,7 @@ fn short_row_panels_take_more_columns() {
                 block(2, 3, 0, true, false, true, false),
                 block(3, 3, 4, false, false, false, true),
             ] {
-                let fits = |spec: &GemmSpec| s.validate(&spec.col_major(), target).is_ok();
-                for spec in specs(Dtype::F64, m, n, k).into_iter().filter(fits) {
-                    seed += 1;
-                    run_case::<f64>(&spec, target, Some(&s), seed);
-                    ran += 1;
-                }
-                for spec in specs(Dtype::F32, m, n, k).into_iter().filter(fits) {
-                    seed += 1;
-                    run_case::<f32>(&spec, target, Some(&s), seed);
-                    ran += 1;
-                }
+                ran += run_fitting((m, n, k), target, &s, &mut seed);
             }
         }
     }
