@@ -298,13 +298,13 @@ impl Target {
     /// AVX-512 on Intel: Some(3) too (with [`Target::fma_latency_norm`]). On an Emerald
     /// Rapids Xeon one-vector blocks that broadcast B from memory ran at the FMA bound in
     /// register-only loops from L1 (1x12 to 1x30: 98-99%), but in whole kernels with the
-    /// batch in L2 the blocks the hard max picked there (1x8 to 1x12, a load per FMA) ran
-    /// 6-20% behind the tuner's taller ones. Planned with both norms against the hard max,
+    /// batch in L2 the tuner's taller blocks ran 1.06-1.21x faster than those the hard max
+    /// picked there (1x8 to 1x12, a load per FMA). Planned with both norms against the hard max,
     /// hot, one thread, alternated, shapes without tuning entries: 30 rectangular and
     /// larger shapes (7x40x40 to 100x40x90) geomean f64 1.06-1.07x, f32 1.05-1.06x (four
-    /// runs; 50x8x50 1.21-1.32x, 100x40x90 1.10-1.15x; the one loss 16x40x16, 0.92-0.96x);
+    /// runs; 50x8x50 1.21-1.32x, 100x40x90 1.10-1.15x; the one loss 16x40x16, 0.92-0.94x);
     /// squares 2..32 and the small-k shapes with no database at all f64 1.04x, f32 1.02x
-    /// (mid squares 1.06-1.22x; shapes with k = 8 0.92-1.14x). AMD's Zen 4 (halves) keeps
+    /// (mid squares 1.06-1.22x; shapes with k = 8 0.91-1.14x). AMD's Zen 4 (halves) keeps
     /// the hard max, measured there.
     pub fn saturation_norm(self) -> Option<u32> {
         match self.isa {
