@@ -305,7 +305,7 @@ impl Target {
     /// runs; 50x8x50 1.21-1.32x, 100x40x90 1.10-1.15x; the one loss 16x40x16, 0.92-0.94x);
     /// squares 2..32 and the small-k shapes with no database at all f64 1.04x, f32 1.02x
     /// (mid squares 1.06-1.22x; shapes with k = 8 0.91-1.14x). AMD's Zen 4 (halves) keeps
-    /// the hard max, measured there.
+    /// the hard max: the norms were not measured there.
     pub fn saturation_norm(self) -> Option<u32> {
         match self.isa {
             Isa::Avx2 => Some(3),
