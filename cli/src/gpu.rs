@@ -1158,16 +1158,15 @@ fn tune_buckets(
         d.name(),
         100.0 * current
     );
-    let ks: Vec<usize> = (1..=spec.k().div_ceil(cuda::BUCKET_K))
-        .map(|i| (i * cuda::BUCKET_K).min(spec.k()))
-        .collect();
-    let bounds = |extent: usize| -> Vec<usize> {
-        (1..=extent.div_ceil(cuda::BUCKET_MN))
-            .map(|i| (i * cuda::BUCKET_MN).min(extent))
+    // Each bucket's bound: the multiples of the bucket step up to the batch's own bound.
+    let bounds = |extent: usize, step: usize| -> Vec<usize> {
+        (1..=extent.div_ceil(step))
+            .map(|i| (i * step).min(extent))
             .collect()
     };
-    let ns = bounds(spec.n());
-    let mut sides: Vec<(usize, usize, usize)> = bounds(spec.m())
+    let ks = bounds(spec.k(), cuda::BUCKET_K);
+    let ns = bounds(spec.n(), cuda::BUCKET_MN);
+    let mut sides: Vec<(usize, usize, usize)> = bounds(spec.m(), cuda::BUCKET_MN)
         .into_iter()
         .flat_map(|m| ns.iter().map(move |&n| (m, n)))
         .flat_map(|(m, n)| ks.iter().map(move |&k| (m, n, k)))

@@ -757,7 +757,7 @@ impl Lowering<'_> {
         let n = self.s.n_cols;
         let widen = rb.vectors < self.s.m_vectors
             && matches!(self.b_operand, BOperand::Broadcast | BOperand::Memory);
-        if !widen || rb.vectors == 0 {
+        if !widen {
             return n;
         }
         let most = (self.s.m_vectors * n / rb.vectors).min(self.p.n);
@@ -954,10 +954,7 @@ impl Lowering<'_> {
             }
             return Ok(());
         }
-        // A block one vector tall (a schedule's row tail) gains nothing from a broadcast
-        // register: each element serves one FMA, so the FMA takes it from memory.
-        let from_memory = self.b_operand == BOperand::Memory
-            || (rb.vectors == 1 && self.target.fma_broadcast_operand());
+        let from_memory = self.b_operand.for_panel(self.target, rb.vectors) == BOperand::Memory;
         for j in 0..cols {
             let b_addr = addr(b.plus(j as i64 * b_col))?;
             if from_memory {

@@ -654,15 +654,15 @@ mod tests {
 
     #[test]
     fn intel_avx512_costs_blocks_near_the_fma_latency_and_the_load_ports() {
-        // f64 64x48x64 (k long, every block whole): per FMA, a 1x8 block (8 accumulators,
-        // a load per FMA) costs more than a 1x12 one, which costs more than a 4x6 one
-        // (fewer loads per FMA) on Intel's AVX-512; Zen 4's halves keep the hard max,
-        // which ties all three at the FMA bound.
+        // f64 64x48x64 (k long, every block whole, the same FMAs in every blocking): a
+        // 1x8 block (8 accumulators, a load per FMA) costs more than a 1x12 one, which
+        // costs more than a 4x6 one (fewer loads per FMA) on Intel's AVX-512; Zen 4's
+        // halves keep the hard max, which ties all three at the FMA bound.
         let problem = GemmSpec::builder(Dtype::F64, 64, 48, 64)
             .build()
             .unwrap()
             .col_major();
-        let per_fma = |target: Target, m_vectors: usize, n_cols: usize| {
+        let cycles = |target: Target, m_vectors: usize, n_cols: usize| {
             let s = Schedule {
                 m_vectors,
                 n_cols,
@@ -671,13 +671,13 @@ mod tests {
             estimated_cycles(&problem, target, &s)
         };
         let intel = Target::AVX512;
-        assert!(per_fma(intel, 1, 8) > 1.05 * per_fma(intel, 1, 12));
-        assert!(per_fma(intel, 1, 12) > 1.005 * per_fma(intel, 4, 6));
+        assert!(cycles(intel, 1, 8) > 1.05 * cycles(intel, 1, 12));
+        assert!(cycles(intel, 1, 12) > 1.005 * cycles(intel, 4, 6));
         let halves = Target::AVX512_HALVES;
         let (a, b, c) = (
-            per_fma(halves, 1, 8),
-            per_fma(halves, 1, 12),
-            per_fma(halves, 4, 6),
+            cycles(halves, 1, 8),
+            cycles(halves, 1, 12),
+            cycles(halves, 4, 6),
         );
         assert!((a - b).abs() < 1e-9 && (b - c).abs() < 1e-9, "{a} {b} {c}");
         // So the planner takes blocks past both edges there.

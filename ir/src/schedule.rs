@@ -131,8 +131,10 @@ impl RegisterUse {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BOperand {
     /// The FMA broadcasts the element from memory (AVX-512 `{1toN}`): no register. Only for
-    /// blocks one vector tall: each FMA reloads the element, so taller blocks broadcast once
-    /// per column into a register instead (the load ports, not the FMAs, would bound them).
+    /// blocks one vector tall (schedules, and the short row panels of taller ones:
+    /// [`BOperand::for_panel`]): each FMA reloads the element, so taller blocks broadcast
+    /// once per column into a register instead (the load ports, not the FMAs, would bound
+    /// them).
     Memory,
     /// One broadcast per element into a register, reused by the block's column.
     Broadcast,
@@ -161,6 +163,18 @@ impl BOperand {
             BOperand::BroadcastColumns
         } else {
             BOperand::Broadcast
+        }
+    }
+
+    /// How a row panel `vectors` tall of a schedule whose blocks take B as `self` gets it:
+    /// a panel one vector tall (the rows past a taller schedule's last whole block) gains
+    /// nothing from a broadcast register, each element serving one FMA, so where the FMA
+    /// can broadcast from memory it does.
+    pub fn for_panel(self, target: Target, vectors: usize) -> BOperand {
+        if self == BOperand::Broadcast && vectors == 1 && target.fma_broadcast_operand() {
+            BOperand::Memory
+        } else {
+            self
         }
     }
 

@@ -815,7 +815,8 @@ impl BucketedBatch {
 /// 8 here). Measured on the H100, `bench --gpu --variable-only`, five rounds alternated
 /// (docs/gpu-notes.md, version 24): f32 4940-4955 GFLOP/s with 8 -> 5035-5061 with 16
 /// (81-82% -> 83% of the bound), f64 2536-2543 -> 2565-2580 (83% -> 84-85%); 4, 12, 32 and
-/// 16 x 32 lost (f32 69-77%). A bucket's problems lie closer together in memory.
+/// 16 x 32 lost (f32 69-77%). Likely, not measured: a bucket's problems lie closer together
+/// in memory.
 pub const BUCKET_MN: usize = 16;
 
 /// [`Gpu::bucket_variable`] splits a batch at multiples of this k (and of [`BUCKET_MN`] in
