@@ -35,3 +35,15 @@ pub(crate) fn is_callee_saved_vector(v: u8) -> bool {
 pub(crate) fn float_argument(i: usize) -> u8 {
     i as u8
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Passes after the lowering may use as many general registers as every backend has.
+    #[test]
+    fn the_registers_every_backend_promises() {
+        assert!(GENERAL.len() >= smallgemm_ir::Gpr::EVERY_BACKEND);
+        assert!(!GENERAL.contains(&ADDRESS_TEMP));
+    }
+}

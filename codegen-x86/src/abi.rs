@@ -74,3 +74,21 @@ impl CallConv {
 
 /// The backend's temporary general register (never allocated to the Program).
 pub(crate) const TEMP: Register = Register::R11;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Passes after the lowering may use as many general registers as every backend has.
+    #[test]
+    fn both_conventions_have_the_registers_every_backend_promises() {
+        for conv in [CallConv::SysV, CallConv::Win64] {
+            let general = conv.general();
+            assert!(
+                general.len() >= smallgemm_ir::Gpr::EVERY_BACKEND,
+                "{conv:?}"
+            );
+            assert!(!general.contains(&TEMP) && !general.contains(&Register::RSP));
+        }
+    }
+}

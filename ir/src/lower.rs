@@ -151,13 +151,30 @@ pub fn lower(
         lower_blocks(problem, target, schedule)?
     };
     if schedule.prefetch && problem.batch_form == BatchForm::Strided {
-        crate::prefetch::insert(
+        program.gprs = crate::prefetch::insert(
             &mut program.ops,
             target.prefetch_trips,
             target.prefetch_min_bytes_ahead,
+            target.prefetch_spread && packed_densely(problem),
+            program.gprs,
         );
     }
     Ok(program)
+}
+
+/// Whether each matrix of the batch is less than a cache line from the next, so that
+/// prefetching the whole stride of each operand ([`crate::Target::prefetch_spread`]) asks
+/// for no line the kernel does not read.
+fn packed_densely(p: &ColMajorProblem) -> bool {
+    let line = 64;
+    let elt = p.dtype.size();
+    [
+        (p.stride_a, p.m * p.k),
+        (p.stride_b, p.k * p.n),
+        (p.stride_c, p.m * p.n),
+    ]
+    .iter()
+    .all(|&(stride, tight)| stride.saturating_sub(tight) * elt < line)
 }
 
 /// [`lower`] for register-block schedules, without the prefetches.

@@ -5,18 +5,26 @@
 //! only catch up with late: with matrices of a few KiB each, a core streaming a batch from
 //! DRAM spends most of its time waiting for lines it could have asked for a matrix earlier.
 //!
-//! This pass runs on a lowered strided program: before the first access to each cache line
-//! in a loop body it inserts a prefetch of the same line one trip of the batch loop ahead,
-//! or as many as the target asks for (the address plus what that many trips add to that
-//! operand's base register). Operations that
-//! reach the same matrices in later iterations of an inner loop prefetch their own lines,
-//! so the next matrix arrives while the current one is computed. Addresses are tracked from
-//! the argument registers through copies; anything else (scratch memory, pointers loaded
-//! from pointer arrays) is left alone.
+//! This pass runs on a lowered strided program and prefetches the matrices one trip of the
+//! batch loop ahead, or as many as the target asks for, in one of two ways:
+//!
+//! - **At first use** (straight-line bodies, and targets without
+//!   [`crate::Target::prefetch_spread`]): before the first access to each cache line in a
+//!   loop body, a prefetch of the same line that many trips ahead (the address plus what
+//!   those trips add to that operand's base register). Operations that reach the same
+//!   matrices in later iterations of an inner loop prefetch their own lines. Addresses are
+//!   tracked from the argument registers through copies; anything else (scratch memory,
+//!   pointers loaded from pointer arrays) is left alone.
+//! - **Spread** (bodies with inner loops, where the target spreads): one register per
+//!   operand walks the next matrices line by line, a few lines in every trip of the
+//!   innermost loops, so that the lines are asked for at an even rate over the whole
+//!   matrix. At first use, a matrix whose blocks each span all of A asks for all of the
+//!   next A within its first block: a burst of misses (likely more than the core keeps in
+//!   flight) that the compute waits behind (docs/perf-notes.md, twenty-fifth session).
 
 use std::collections::{HashMap, HashSet};
 
-use crate::program::{Addr, Gpr, Op};
+use crate::program::{Addr, Gpr, Op, Trips};
 
 /// Bytes per cache line.
 const LINE: i64 = 64;
@@ -27,8 +35,11 @@ const MAX_TRIPS: i64 = 64;
 /// Inserts prefetches into every batch loop of `ops` (a program's top level), `trips`
 /// trips of the batch loop ahead (at least one; [`crate::Target::prefetch_trips`]), or as
 /// many more as it takes to reach `min_bytes_ahead` bytes of A, B and C ahead
-/// ([`crate::Target::prefetch_min_bytes_ahead`]).
-pub fn insert(ops: &mut [Op], trips: u8, min_bytes_ahead: u32) {
+/// ([`crate::Target::prefetch_min_bytes_ahead`]); `spread` as
+/// [`crate::Target::prefetch_spread`] says. `gprs` is the number of general registers
+/// `ops` uses; returns the number it uses afterwards (spreading takes one per operand).
+pub fn insert(ops: &mut [Op], trips: u8, min_bytes_ahead: u32, spread: bool, gprs: usize) -> usize {
+    let mut used = gprs;
     for op in ops.iter_mut() {
         if let Op::Loop { counter, body, .. } = op {
             if *counter == Gpr::BATCH {
@@ -48,11 +59,154 @@ pub fn insert(ops: &mut [Op], trips: u8, min_bytes_ahead: u32) {
                     _ => ((i64::from(min_bytes_ahead) + per_trip - 1) / per_trip)
                         .clamp(i64::from(trips.max(1)), MAX_TRIPS.max(i64::from(trips))),
                 };
-                let ahead: HashMap<Gpr, i64> =
-                    step.into_iter().map(|(g, d)| (g, d * trips)).collect();
-                let mut origin: HashMap<Gpr, Gpr> = [Gpr::A, Gpr::B, Gpr::C].map(|g| (g, g)).into();
-                *body = with_prefetches(std::mem::take(body), &ahead, &mut origin);
+                // Each operand's bytes a trip (the lines to prefetch) and distance ahead,
+                // in the order A, B, C; none for an operand the same for every matrix.
+                let walks: Vec<(Gpr, i64, i64)> = [Gpr::A, Gpr::B, Gpr::C]
+                    .into_iter()
+                    .filter_map(|g| step.get(&g).map(|&d| (g, d, d * trips)))
+                    .filter(|&(_, d, _)| d != 0)
+                    .collect();
+                let spreads = spread
+                    && body.iter().any(|op| matches!(op, Op::Loop { .. }))
+                    && walks
+                        .iter()
+                        .all(|&(_, d, ahead)| d > 0 && i32::try_from(ahead).is_ok())
+                    && gprs + walks.len() <= Gpr::EVERY_BACKEND;
+                if spreads {
+                    *body = spread_prefetches(std::mem::take(body), &walks, gprs);
+                    used = used.max(gprs + walks.len());
+                } else {
+                    let ahead: HashMap<Gpr, i64> =
+                        walks.iter().map(|&(g, _, ahead)| (g, ahead)).collect();
+                    let mut origin: HashMap<Gpr, Gpr> =
+                        [Gpr::A, Gpr::B, Gpr::C].map(|g| (g, g)).into();
+                    *body = with_prefetches(std::mem::take(body), &ahead, &mut origin);
+                }
             }
+        }
+    }
+    used
+}
+
+/// `body` (a batch loop's, with inner loops) with the next matrices prefetched by walking
+/// registers: for each `(operand, bytes a trip, bytes ahead)` of `walks` a register (from
+/// `Gpr(first_free)` on) starts `bytes ahead` past the operand at the top of the body, and
+/// the innermost loops each prefetch a share of the operand's lines at every trip, one
+/// line after another, spaced evenly between their operations.
+fn spread_prefetches(body: Vec<Op>, walks: &[(Gpr, i64, i64)], first_free: usize) -> Vec<Op> {
+    let mut trips = Vec::new();
+    innermost_trips(&body, 1, &mut trips);
+    // Lines each innermost loop prefetches per trip, per walk: the loops share each
+    // operand's lines in proportion to their trips, rounded up so that every line is asked
+    // for (the last loops get none once the lines run out).
+    let total: i64 = trips.iter().sum();
+    let shares: Vec<Vec<usize>> = walks
+        .iter()
+        .map(|&(_, bytes, _)| {
+            let (mut lines, mut left) = ((bytes + LINE - 1) / LINE, total);
+            trips
+                .iter()
+                .map(|&t| {
+                    let (t, left_now) = (t.max(1), left.max(1));
+                    let share = (lines * t + left_now - 1) / left_now;
+                    let per_trip = (share + t - 1) / t;
+                    lines = (lines - per_trip * t).max(0);
+                    left -= t;
+                    per_trip as usize
+                })
+                .collect()
+        })
+        .collect();
+    let regs: Vec<Gpr> = (0..walks.len())
+        .map(|i| Gpr((first_free + i) as u8))
+        .collect();
+    let mut out = Vec::with_capacity(body.len() + 2 * walks.len());
+    for (&(operand, _, ahead), &reg) in walks.iter().zip(&regs) {
+        out.push(Op::Copy {
+            dst: reg,
+            src: operand,
+        });
+        out.push(Op::AddImm {
+            dst: reg,
+            imm: ahead as i32,
+        });
+    }
+    let mut next_loop = 0;
+    out.extend(body);
+    walk_into_loops(&mut out, &regs, &shares, &mut next_loop);
+    out
+}
+
+/// Appends to `out` the trips of each innermost loop of `ops` per run of `ops` (times
+/// `outer`), in program order. A loop whose count is known only at run time counts once.
+fn innermost_trips(ops: &[Op], outer: i64, out: &mut Vec<i64>) {
+    for op in ops {
+        if let Op::Loop { trips, body, .. } = op {
+            let t = outer
+                * match trips {
+                    Trips::Const(n) => i64::from(*n),
+                    Trips::Register | Trips::RegisterBy(_) => 1,
+                };
+            if body.iter().any(|op| matches!(op, Op::Loop { .. })) {
+                innermost_trips(body, t, out);
+            } else {
+                out.push(t);
+            }
+        }
+    }
+}
+
+/// Puts the walking prefetches into the innermost loops of `ops`, in the order
+/// [`innermost_trips`] counted them: loop `i` gets `shares[w][i]` lines of walk `w` per
+/// trip, interleaved across the walks and spaced evenly through the loop's body.
+fn walk_into_loops(ops: &mut [Op], regs: &[Gpr], shares: &[Vec<usize>], next: &mut usize) {
+    for op in ops.iter_mut() {
+        if let Op::Loop { body, .. } = op {
+            if body.iter().any(|op| matches!(op, Op::Loop { .. })) {
+                walk_into_loops(body, regs, shares, next);
+                continue;
+            }
+            let loop_index = *next;
+            let most = shares.iter().map(|s| s[loop_index]).max().unwrap_or(0);
+            let units: Vec<Gpr> = (0..most)
+                .flat_map(|u| {
+                    regs.iter()
+                        .zip(shares)
+                        .filter(move |(_, s)| s[loop_index] > u)
+                        .map(|(&r, _)| r)
+                })
+                .collect();
+            *next += 1;
+            let n = body.len();
+            let mut spaced = Vec::with_capacity(n + 2 * units.len());
+            let mut placed = 0;
+            for (i, op) in std::mem::take(body).into_iter().enumerate() {
+                // Unit u goes before the operation at u * n / units.len().
+                while placed < units.len() && placed * n <= i * units.len() {
+                    // Before a Narrow prefix: it applies to the operation after it.
+                    let at = match spaced.last() {
+                        Some(Op::Narrow { .. }) => spaced.len() - 1,
+                        _ => spaced.len(),
+                    };
+                    let reg = units[placed];
+                    spaced.insert(
+                        at,
+                        Op::AddImm {
+                            dst: reg,
+                            imm: LINE as i32,
+                        },
+                    );
+                    spaced.insert(
+                        at,
+                        Op::Prefetch {
+                            addr: Addr::new(reg, 0),
+                        },
+                    );
+                    placed += 1;
+                }
+                spaced.push(op);
+            }
+            *body = spaced;
         }
     }
 }
@@ -112,7 +266,7 @@ fn with_prefetches(
 }
 
 /// The memory `op` reads or writes in A, B or C, if any.
-fn memory_operand(op: &Op) -> Option<Addr> {
+pub(crate) fn memory_operand(op: &Op) -> Option<Addr> {
     match op {
         Op::Load { addr, .. }
         | Op::Store { addr, .. }
@@ -145,5 +299,196 @@ fn memory_operand(op: &Op) -> Option<Addr> {
         | Op::AddImm { .. }
         | Op::Narrow { .. }
         | Op::Loop { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::program::Program;
+    use crate::spec::{Dtype, GemmSpec};
+    use crate::{lower, plan, plan_streaming, Target};
+
+    /// The streaming variant's program for `spec` on `target`.
+    fn streaming_program(spec: &GemmSpec, target: Target) -> Program {
+        let problem = spec.col_major();
+        let s = plan_streaming(&problem, target, &plan(&problem, target));
+        assert!(s.prefetch, "{spec:?}");
+        lower(&problem, target, &s).unwrap()
+    }
+
+    /// The body of the program's (first) batch loop.
+    fn batch_body(ops: &[Op]) -> &[Op] {
+        ops.iter()
+            .find_map(|op| match op {
+                Op::Loop { counter, body, .. } if *counter == Gpr::BATCH => Some(&body[..]),
+                _ => None,
+            })
+            .expect("a batch loop")
+    }
+
+    /// Runs one trip of a batch loop's body symbolically (inner loops their constant
+    /// number of times), with every register that points into A, B or C known as (operand,
+    /// byte offset from the operand's current matrix); returns the prefetched lines as
+    /// (operand, line index from the current matrix).
+    fn prefetched_lines(body: &[Op]) -> Vec<(Gpr, i64)> {
+        fn run(ops: &[Op], at: &mut HashMap<Gpr, (Gpr, i64)>, out: &mut Vec<(Gpr, i64)>) {
+            for op in ops {
+                match op {
+                    Op::Copy { dst, src } => match at.get(src).copied() {
+                        Some(v) => {
+                            at.insert(*dst, v);
+                        }
+                        None => {
+                            at.remove(dst);
+                        }
+                    },
+                    Op::AddImm { dst, imm } => {
+                        if let Some(v) = at.get_mut(dst) {
+                            v.1 += i64::from(*imm);
+                        }
+                    }
+                    Op::Prefetch { addr } => {
+                        let (operand, offset) = at[&addr.base];
+                        out.push((operand, (offset + i64::from(addr.offset)).div_euclid(LINE)));
+                    }
+                    Op::Loop { trips, body, .. } => {
+                        let Trips::Const(n) = trips else {
+                            panic!("an inner loop of unknown count")
+                        };
+                        for _ in 0..*n {
+                            run(body, at, out);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut at: HashMap<Gpr, (Gpr, i64)> = [Gpr::A, Gpr::B, Gpr::C].map(|g| (g, (g, 0))).into();
+        let mut out = Vec::new();
+        run(body, &mut at, &mut out);
+        out
+    }
+
+    /// Registers the prefetches of `ops` address through, loops included.
+    fn prefetch_bases(ops: &[Op], out: &mut BTreeSet<Gpr>) {
+        for op in ops {
+            match op {
+                Op::Prefetch { addr } => {
+                    out.insert(addr.base);
+                }
+                Op::Loop { body, .. } => prefetch_bases(body, out),
+                _ => {}
+            }
+        }
+    }
+
+    /// Where the batch loop has inner loops, the walks ask for every line of the next
+    /// matrices' A, B and C in one trip, each line once, and not much past them: at most
+    /// one line more a trip of an inner loop (each loop's share is rounded up).
+    #[test]
+    fn spread_prefetches_ask_for_each_line_of_the_next_matrices_once() {
+        let cases = [
+            GemmSpec::builder(Dtype::F64, 32, 32, 32).build().unwrap(),
+            GemmSpec::builder(Dtype::F64, 29, 29, 29).build().unwrap(),
+            GemmSpec::builder(Dtype::F32, 20, 20, 20).build().unwrap(),
+            GemmSpec::builder(Dtype::F64, 24, 9, 40).build().unwrap(),
+            GemmSpec::builder(Dtype::F32, 17, 33, 30)
+                .trans_a(crate::spec::Trans::T)
+                .build()
+                .unwrap(),
+        ];
+        for spec in cases {
+            let program = streaming_program(&spec, Target::AVX512);
+            let body = batch_body(&program.ops);
+            assert!(
+                body.iter().any(|op| matches!(op, Op::Loop { .. })),
+                "{spec:?}"
+            );
+            let problem = spec.col_major();
+            let elt = problem.dtype.size() as i64;
+            let mut inner_trips = Vec::new();
+            innermost_trips(body, 1, &mut inner_trips);
+            let slack: i64 = inner_trips.iter().sum();
+            let lines = prefetched_lines(body);
+            for (operand, stride) in [
+                (Gpr::A, problem.stride_a),
+                (Gpr::B, problem.stride_b),
+                (Gpr::C, problem.stride_c),
+            ] {
+                let bytes = stride as i64 * elt;
+                // One trip ahead reaches 4 KiB here: the next matrix.
+                let (first, last) = (bytes / LINE, (2 * bytes - 1) / LINE);
+                let mine: Vec<i64> = lines
+                    .iter()
+                    .filter(|(o, _)| *o == operand)
+                    .map(|&(_, l)| l)
+                    .collect();
+                let distinct: BTreeSet<i64> = mine.iter().copied().collect();
+                assert_eq!(
+                    distinct.len(),
+                    mine.len(),
+                    "{spec:?} {operand:?}: a line twice"
+                );
+                assert!(
+                    (first..=last).all(|l| distinct.contains(&l)),
+                    "{spec:?} {operand:?}: lines {first}..={last} not all asked for"
+                );
+                assert_eq!(distinct.first(), Some(&first), "{spec:?} {operand:?}");
+                let count = mine.len() as i64;
+                assert!(
+                    count <= last - first + 1 + slack,
+                    "{spec:?} {operand:?}: {count}"
+                );
+            }
+            // One walking register per operand, past the lowering's.
+            let mut bases = BTreeSet::new();
+            prefetch_bases(&program.ops, &mut bases);
+            assert_eq!(bases.len(), 3, "{spec:?}: {bases:?}");
+            assert!(program.gprs <= Gpr::EVERY_BACKEND, "{spec:?}");
+            assert!(
+                bases.iter().all(|g| usize::from(g.0) + 3 >= program.gprs),
+                "{spec:?}: {bases:?} of {}",
+                program.gprs
+            );
+        }
+    }
+
+    /// Straight-line bodies, targets that do not spread, and operands with gaps between
+    /// their matrices keep the prefetches before each line's first use: addressed through
+    /// the lowering's own registers, at offsets a trip ahead.
+    #[test]
+    fn others_prefetch_before_first_use() {
+        let f64_32 = GemmSpec::builder(Dtype::F64, 32, 32, 32);
+        let cases = [
+            (
+                GemmSpec::builder(Dtype::F64, 6, 6, 6).build().unwrap(),
+                Target::AVX512,
+            ),
+            (f64_32.build().unwrap(), Target::AVX2_AMD),
+            (f64_32.stride_a(2048).build().unwrap(), Target::AVX512),
+        ];
+        for (spec, target) in cases {
+            let program = streaming_program(&spec, target);
+            let unprefetched = {
+                let problem = spec.col_major();
+                let s = plan_streaming(&problem, target, &plan(&problem, target));
+                let no = crate::Schedule {
+                    prefetch: false,
+                    ..s
+                };
+                lower(&problem, target, &no).unwrap()
+            };
+            assert_eq!(program.gprs, unprefetched.gprs, "{spec:?} on {target}");
+            let mut bases = BTreeSet::new();
+            prefetch_bases(&program.ops, &mut bases);
+            assert!(!bases.is_empty(), "{spec:?} on {target}");
+            assert!(
+                bases.iter().all(|g| usize::from(g.0) < unprefetched.gprs),
+                "{spec:?} on {target}: {bases:?}"
+            );
+        }
     }
 }

@@ -31,6 +31,10 @@ impl Gpr {
     pub const SCRATCH: Gpr = Gpr(u8::MAX);
     /// First register the lowering may allocate.
     pub const FIRST_FREE: u8 = 4;
+    /// General registers every backend gives a program (x86-64's 13: sixteen less the
+    /// stack pointer, the frame pointer and the backend's temporary). Passes that add
+    /// registers after the lowering stay within it.
+    pub const EVERY_BACKEND: usize = 13;
 }
 
 /// A tail mask: enables the first `lanes` lanes of a vector.

@@ -36,13 +36,67 @@ pub fn apply(program: &mut Program) -> bool {
         changed: false,
         blocked: false,
     };
+    // Registers that walk C's next matrices for prefetches ([`crate::prefetch`], spread):
+    // copies of C that nothing loads or stores through, nor copies further.
+    let mut walks = HashSet::new();
+    copies_of_c(&program.ops, &mut walks);
+    let mut addressing = HashSet::new();
+    addressed_or_copied(&program.ops, &mut addressing);
+    walks.retain(|g| !addressing.contains(g));
     let mut ops = program.ops.clone();
     walk.convert(&mut ops);
     if !walk.changed || walk.blocked {
         return false;
     }
+    // A line stored whole is better left unread: C's walks go too.
+    drop_walks(&mut ops, &walks);
     program.ops = ops;
     true
+}
+
+/// Registers `ops` copy C's argument register into.
+fn copies_of_c(ops: &[Op], out: &mut HashSet<Gpr>) {
+    for op in ops {
+        match op {
+            Op::Copy { dst, src: Gpr::C } => {
+                out.insert(*dst);
+            }
+            Op::Loop { body, .. } => copies_of_c(body, out),
+            _ => {}
+        }
+    }
+}
+
+/// Registers `ops` load or store through (prefetches aside) or copy.
+fn addressed_or_copied(ops: &[Op], out: &mut HashSet<Gpr>) {
+    for op in ops {
+        match op {
+            Op::Loop { body, .. } => addressed_or_copied(body, out),
+            Op::Copy { src, .. } => {
+                out.insert(*src);
+            }
+            op => {
+                if let Some(addr) = crate::prefetch::memory_operand(op) {
+                    out.insert(addr.base);
+                }
+            }
+        }
+    }
+}
+
+/// `ops` without the prefetches through `walks`, nor the copies and additions that move
+/// those registers.
+fn drop_walks(ops: &mut Vec<Op>, walks: &HashSet<Gpr>) {
+    ops.retain(|op| match op {
+        Op::Prefetch { addr } => !walks.contains(&addr.base),
+        Op::Copy { dst, .. } | Op::AddImm { dst, .. } => !walks.contains(dst),
+        _ => true,
+    });
+    for op in ops.iter_mut() {
+        if let Op::Loop { body, .. } = op {
+            drop_walks(body, walks);
+        }
+    }
 }
 
 /// The state of the pass as it walks the program in order.

@@ -94,6 +94,17 @@ pub struct Target {
     /// [`Target::prefetch_trips`] alone sets (measured on Zen 3 only).
     #[serde(default = "intel_min_bytes_ahead")]
     pub prefetch_min_bytes_ahead: u32,
+    /// Where the batch loop's body has inner loops (the k loops of matrices from about
+    /// 12), the prefetches of the next matrices walk each operand line by line at an even
+    /// rate through those loops ([`crate::prefetch`]) instead of coming before each line's
+    /// first use, which asks for all of the next A within the first block of columns (a
+    /// burst of misses, likely more than the core keeps in flight, during which the compute
+    /// they should overlap waits).
+    /// True on the Intel Xeons: streaming from DRAM at one thread, f64 from 20 up went from
+    /// 78-89% of the bound to 85-93%, f32 from 82-89% to 90-92% (docs/perf-notes.md,
+    /// twenty-fifth session); false on AMD, where it was not measured.
+    #[serde(default = "spreading_pays_by_default")]
+    pub prefetch_spread: bool,
     /// AVX2's masked stores (`vmaskmovps` / `vmaskmovpd` to memory) are slow: microcoded on
     /// AMD's cores (measured on Zen 3, back to back: 15 TSC cycles a ymm store, 5 an xmm
     /// one, against under 1 for a plain store). Tails of C are then stored in whole pieces
@@ -118,6 +129,10 @@ fn one_trip_ahead() -> u8 {
     1
 }
 
+fn spreading_pays_by_default() -> bool {
+    true
+}
+
 fn intel_min_bytes_ahead() -> u32 {
     INTEL_MIN_BYTES_AHEAD
 }
@@ -137,6 +152,7 @@ impl Target {
         software_prefetch: false,
         prefetch_trips: 1,
         prefetch_min_bytes_ahead: 0,
+        prefetch_spread: false,
         masked_stores_slow: false,
         cross_lane_permutes_slow: false,
     };
@@ -148,6 +164,7 @@ impl Target {
         software_prefetch: true,
         prefetch_trips: 4,
         prefetch_min_bytes_ahead: 0,
+        prefetch_spread: false,
         masked_stores_slow: true,
         cross_lane_permutes_slow: true,
     };
@@ -159,6 +176,7 @@ impl Target {
             software_prefetch: true,
             prefetch_trips: 1,
             prefetch_min_bytes_ahead: INTEL_MIN_BYTES_AHEAD,
+            prefetch_spread: true,
             masked_stores_slow: false,
             cross_lane_permutes_slow: false,
         }

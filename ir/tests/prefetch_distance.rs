@@ -2,17 +2,35 @@
 //! trips of the batch loop, or more where that is fewer than
 //! `Target::prefetch_min_bytes_ahead` bytes of A, B and C.
 
-use smallgemm_ir::{compile_program, plan, Dtype, GemmSpec, Isa, Op, Schedule, Target};
+use std::collections::HashMap;
 
-/// The offsets of every prefetch in `ops`, loops included.
+use smallgemm_ir::{compile_program, plan, Dtype, GemmSpec, Gpr, Isa, Op, Schedule, Target};
+
+/// The offsets of every prefetch in `ops`, loops included, from the address the register
+/// it goes through held when the program reached it the first time (0 for the argument
+/// registers and their copies): a walking register's distance ahead counts
+/// (`Target::prefetch_spread`).
 fn prefetch_offsets(ops: &[Op], out: &mut Vec<i32>) {
-    for op in ops {
-        match op {
-            Op::Loop { body, .. } => prefetch_offsets(body, out),
-            Op::Prefetch { addr } => out.push(addr.offset),
-            _ => {}
+    fn walk(ops: &[Op], moved: &mut HashMap<Gpr, i32>, out: &mut Vec<i32>) {
+        for op in ops {
+            match op {
+                Op::Loop { body, .. } => walk(body, moved, out),
+                Op::Prefetch { addr } => {
+                    out.push(moved.get(&addr.base).copied().unwrap_or(0) + addr.offset)
+                }
+                Op::Copy { dst, src } => {
+                    let m = moved.get(src).copied().unwrap_or(0);
+                    moved.insert(*dst, m);
+                }
+                // Only the walking registers move before their first prefetch.
+                Op::AddImm { dst, imm } if ![Gpr::A, Gpr::B, Gpr::C].contains(dst) => {
+                    *moved.entry(*dst).or_default() += imm;
+                }
+                _ => {}
+            }
         }
     }
+    walk(ops, &mut HashMap::new(), out);
 }
 
 /// The nearest prefetch of a packed n x n x n batch, one matrix a trip: the first line of
@@ -40,7 +58,8 @@ fn small_matrices_are_prefetched_several_trips_ahead() {
     assert_eq!(nearest_prefetch(Dtype::F64, 5, intel), 7 * 200);
     // f32 12x12x12: 1728 bytes, 3 trips.
     assert_eq!(nearest_prefetch(Dtype::F32, 12, intel), 3 * 576);
-    // f64 32x32x32: 24 KiB a matrix, one trip is far enough.
+    // f64 32x32x32: 24 KiB a matrix, one trip is far enough (walking registers there).
+    assert!(intel.prefetch_spread);
     assert_eq!(nearest_prefetch(Dtype::F64, 32, intel), 8192);
     // AMD Zen 3 keeps its four trips whatever the size.
     assert_eq!(nearest_prefetch(Dtype::F64, 5, Target::AVX2_AMD), 4 * 200);

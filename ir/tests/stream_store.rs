@@ -3,10 +3,12 @@
 //! width in C: every program the pass changes still computes the reference, and the pass
 //! changes only programs whose every store to C can stream.
 
+use std::collections::{BTreeSet, HashMap};
+
 use smallgemm_ir::reference::TestData;
 use smallgemm_ir::{
-    compile_program, interpret, plan, plan_streaming, stream_store, Dtype, Element, GemmSpec, Isa,
-    Op, Program, Scalar, Schedule, Target, Trans,
+    compile_program, interpret, plan, plan_streaming, stream_store, Dtype, Element, GemmSpec, Gpr,
+    Isa, Op, Program, Scalar, Schedule, Target, Trans,
 };
 
 /// Interprets `program` for `spec` (beta = 0: C starts as NaN) on a batch of 3 and checks
@@ -179,10 +181,60 @@ fn the_next_matrix_s_c_is_not_prefetched() {
     let (_, mut program) = compile_program(&s, target, Some(&streaming)).unwrap();
     let prefetches = |p: &Program| count(&p.ops, &|op| matches!(op, Op::Prefetch { .. }));
     let before = prefetches(&program);
+    assert_eq!(
+        prefetched_operands(&program.ops),
+        [Gpr::A, Gpr::B, Gpr::C].into()
+    );
     assert!(stream_store::apply(&mut program));
-    // The prefetch of each stored line went: one for each streaming store, 4x6 blocks in
-    // the loop over columns and a 4x2 block after it.
+    // 4x6 blocks in the loop over columns and a 4x2 block after it.
     assert_eq!(streaming_stores(&program), 4 * 6 + 4 * 2);
-    assert_eq!(before - prefetches(&program), 4 * 6 + 4 * 2);
+    // The prefetches of C's lines went (walking the next matrices: target.prefetch_spread),
+    // and no more: those of A and B stay.
+    assert!(target.prefetch_spread);
+    assert_eq!(prefetched_operands(&program.ops), [Gpr::A, Gpr::B].into());
+    assert_eq!(before - prefetches(&program), before / 3);
     check::<f64>(&s, &program, "streaming schedule, streaming stores");
+    // Prefetching before each line's first use, the prefetch before each store went.
+    let first_use = Target {
+        prefetch_spread: false,
+        ..target
+    };
+    let (_, mut program) = compile_program(&s, first_use, Some(&streaming)).unwrap();
+    let before = prefetches(&program);
+    assert!(stream_store::apply(&mut program));
+    assert_eq!(before - prefetches(&program), 4 * 6 + 4 * 2);
+    assert_eq!(prefetched_operands(&program.ops), [Gpr::A, Gpr::B].into());
+    check::<f64>(
+        &s,
+        &program,
+        "streaming schedule, streaming stores, first use",
+    );
+}
+
+/// The operands (A, B, C) whose lines `ops` prefetch, following the argument registers
+/// through copies.
+fn prefetched_operands(ops: &[Op]) -> BTreeSet<Gpr> {
+    fn walk(ops: &[Op], origin: &mut HashMap<Gpr, Gpr>, out: &mut BTreeSet<Gpr>) {
+        for op in ops {
+            match op {
+                Op::Copy { dst, src } => match origin.get(src).copied() {
+                    Some(o) => {
+                        origin.insert(*dst, o);
+                    }
+                    None => {
+                        origin.remove(dst);
+                    }
+                },
+                Op::Prefetch { addr } => {
+                    out.insert(origin[&addr.base]);
+                }
+                Op::Loop { body, .. } => walk(body, origin, out),
+                _ => {}
+            }
+        }
+    }
+    let mut origin: HashMap<Gpr, Gpr> = [Gpr::A, Gpr::B, Gpr::C].map(|g| (g, g)).into();
+    let mut out = BTreeSet::new();
+    walk(ops, &mut origin, &mut out);
+    out
 }

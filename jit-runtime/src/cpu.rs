@@ -185,6 +185,7 @@ fn target(isa: Isa) -> Target {
         software_prefetch: software_prefetch_pays(),
         prefetch_trips: prefetch_trips(),
         prefetch_min_bytes_ahead: prefetch_min_bytes_ahead(isa),
+        prefetch_spread: amd_family().is_none(),
         masked_stores_slow: isa == Isa::Avx2 && masked_stores_slow(),
         cross_lane_permutes_slow: isa == Isa::Avx2 && cross_lane_permutes_slow(),
         ..Target::new(isa)
