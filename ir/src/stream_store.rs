@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::program::{Gpr, Op, Program};
+use crate::program::{Addr, Gpr, Op, Program};
 
 /// Turns `program`'s stores to C into streaming stores, assuming the kernel is called with
 /// C aligned to the vector width, when every one of them can be: whole vectors at aligned
@@ -67,13 +67,20 @@ fn copies_of_c(ops: &[Op], out: &mut HashSet<Gpr>) {
     }
 }
 
-/// Registers `ops` load or store through (prefetches aside) or copy.
+/// Registers `ops` load or store through (prefetches aside), copy or count with.
 fn addressed_or_copied(ops: &[Op], out: &mut HashSet<Gpr>) {
     for op in ops {
         match op {
-            Op::Loop { body, .. } => addressed_or_copied(body, out),
-            Op::Copy { src, .. } => {
-                out.insert(*src);
+            Op::Loop { counter, body, .. } => {
+                out.insert(*counter);
+                addressed_or_copied(body, out);
+            }
+            Op::Copy { src: g, .. }
+            | Op::LoadAddress { addr: Addr { base: g, .. }, .. }
+            | Op::StoreStream { addr: Addr { base: g, .. }, .. }
+            | Op::StoreParam { addr: Addr { base: g, .. }, .. }
+            | Op::StoreConst { addr: Addr { base: g, .. }, .. } => {
+                out.insert(*g);
             }
             op => {
                 if let Some(addr) = crate::prefetch::memory_operand(op) {
