@@ -369,8 +369,38 @@ const STREAM_COST_SLACK: f64 = 0.10;
 /// one ([`Schedule::b_resident`]): f64 25..32 stream 6x2 blocks. Before, f64 29..32 found no
 /// tall block at all and streamed with their hot 2x4 and 2x5 blocks at 0.52-0.69x LIBXSMM
 /// (Zen 3, one and two threads); 8x1 blocks ran 1.28-1.74x faster than those, 6x2 ones
-/// faster still (alternated in one process, 512 MiB, one thread).
+/// faster still (alternated in one process, 512 MiB, one thread). Where the target spreads
+/// its prefetches over the k loops, small matrices loop over k ([`with_k_loop`]).
 pub fn plan_streaming(problem: &ColMajorProblem, target: Target, hot: &Schedule) -> Schedule {
+    with_k_loop(problem, target, streaming_blocks(problem, target, hot))
+}
+
+/// Matrices under this many bytes (A, B and C) whose streaming variant would unroll every k
+/// step loop over k instead ([`with_k_loop`]).
+const STREAM_K_LOOP_MAX_BYTES: usize = 4096;
+
+/// `s` looping over k two steps a trip where the target spreads the prefetches of the next
+/// matrices over the inner loops ([`Target::prefetch_spread`]) and `s`, prefetching, has
+/// none: matrices under [`STREAM_K_LOOP_MAX_BYTES`] with all k steps unrolled. Measured
+/// (Intel Xeon, 512 MiB, one and two threads, alternated twice, % of the bound): f32 10..16
+/// 89-94% -> 93-95%, f64 9..12 92-94% -> 93-96%; f32 24 (6.8 KiB, tall blocks) lost 2
+/// points, hence the limit (docs/perf-notes.md, twenty-fifth session).
+fn with_k_loop(problem: &ColMajorProblem, target: Target, s: Schedule) -> Schedule {
+    let loops = target.prefetch_spread
+        && s.prefetch
+        && !s.lane_pack
+        && s.k_unroll == 0
+        && problem.k >= 4
+        && matrix_bytes(problem) < STREAM_K_LOOP_MAX_BYTES;
+    if loops {
+        Schedule { k_unroll: 2, ..s }
+    } else {
+        s
+    }
+}
+
+/// [`plan_streaming`]'s register blocks.
+fn streaming_blocks(problem: &ColMajorProblem, target: Target, hot: &Schedule) -> Schedule {
     let hot = &without_dot_tail(hot);
     let prefetch = prefetch_pays(problem, target);
     let prefetching = Schedule { prefetch, ..*hot };
@@ -845,6 +875,43 @@ mod tests {
                         assert_eq!(streaming, hot, "{spec:?} {target}");
                     }
                 }
+            }
+        }
+    }
+
+    /// Where the target spreads its prefetches over the k loops, streaming variants of
+    /// matrices under 4 KiB whose k steps would all be unrolled loop over k two at a time;
+    /// larger ones, and targets that prefetch before first use, keep their unrolling.
+    #[test]
+    fn small_streaming_matrices_loop_over_k_where_prefetches_spread() {
+        for (dtype, n, target, loops) in [
+            (Dtype::F32, 12, Target::AVX512, true),
+            (Dtype::F64, 9, Target::AVX512, true),
+            (Dtype::F32, 24, Target::AVX512, false),
+            (Dtype::F32, 12, Target::AVX2_AMD, false),
+        ] {
+            let spec = GemmSpec::builder(dtype, n, n, n).build().unwrap();
+            let problem = spec.col_major();
+            let hot = Schedule {
+                k_unroll: 0,
+                lane_pack: false,
+                ..plan(&problem, target)
+            };
+            let streaming = plan_streaming(&problem, target, &hot);
+            let blocks = streaming_blocks(&problem, target, &hot);
+            assert!(streaming.prefetch, "{spec:?} {target}");
+            if loops {
+                assert_eq!(blocks.k_unroll, 0, "{spec:?} {target}");
+                assert_eq!(
+                    streaming,
+                    Schedule {
+                        k_unroll: 2,
+                        ..blocks
+                    },
+                    "{spec:?} {target}"
+                );
+            } else {
+                assert_eq!(streaming, blocks, "{spec:?} {target}");
             }
         }
     }

@@ -462,25 +462,43 @@ mod tests {
     #[test]
     fn others_prefetch_before_first_use() {
         let f64_32 = GemmSpec::builder(Dtype::F64, 32, 32, 32);
+        // (spec, target, all k steps unrolled)
         let cases = [
+            (f64_32.build().unwrap(), Target::AVX512, true),
             (
-                GemmSpec::builder(Dtype::F64, 6, 6, 6).build().unwrap(),
+                GemmSpec::builder(Dtype::F32, 9, 9, 9).build().unwrap(),
                 Target::AVX512,
+                true,
             ),
-            (f64_32.build().unwrap(), Target::AVX2_AMD),
-            (f64_32.stride_a(2048).build().unwrap(), Target::AVX512),
+            (f64_32.build().unwrap(), Target::AVX2_AMD, false),
+            (
+                f64_32.stride_a(2048).build().unwrap(),
+                Target::AVX512,
+                false,
+            ),
         ];
-        for (spec, target) in cases {
-            let program = streaming_program(&spec, target);
-            let unprefetched = {
-                let problem = spec.col_major();
-                let s = plan_streaming(&problem, target, &plan(&problem, target));
-                let no = crate::Schedule {
-                    prefetch: false,
-                    ..s
-                };
-                lower(&problem, target, &no).unwrap()
+        for (spec, target, straight) in cases {
+            let problem = spec.col_major();
+            let s = plan_streaming(&problem, target, &plan(&problem, target));
+            let s = crate::Schedule {
+                k_unroll: if straight { 0 } else { s.k_unroll },
+                unroll_m_blocks: s.unroll_m_blocks || straight,
+                unroll_n_blocks: s.unroll_n_blocks || straight,
+                ..s
             };
+            assert!(s.prefetch, "{spec:?} on {target}");
+            let program = lower(&problem, target, &s).unwrap();
+            let body = batch_body(&program.ops);
+            assert_eq!(
+                body.iter().any(|op| matches!(op, Op::Loop { .. })),
+                !straight,
+                "{spec:?} on {target}"
+            );
+            let no = crate::Schedule {
+                prefetch: false,
+                ..s
+            };
+            let unprefetched = lower(&problem, target, &no).unwrap();
             assert_eq!(program.gprs, unprefetched.gprs, "{spec:?} on {target}");
             let mut bases = BTreeSet::new();
             prefetch_bases(&program.ops, &mut bases);

@@ -76,10 +76,22 @@ fn addressed_or_copied(ops: &[Op], out: &mut HashSet<Gpr>) {
                 addressed_or_copied(body, out);
             }
             Op::Copy { src: g, .. }
-            | Op::LoadAddress { addr: Addr { base: g, .. }, .. }
-            | Op::StoreStream { addr: Addr { base: g, .. }, .. }
-            | Op::StoreParam { addr: Addr { base: g, .. }, .. }
-            | Op::StoreConst { addr: Addr { base: g, .. }, .. } => {
+            | Op::LoadAddress {
+                addr: Addr { base: g, .. },
+                ..
+            }
+            | Op::StoreStream {
+                addr: Addr { base: g, .. },
+                ..
+            }
+            | Op::StoreParam {
+                addr: Addr { base: g, .. },
+                ..
+            }
+            | Op::StoreConst {
+                addr: Addr { base: g, .. },
+                ..
+            } => {
                 out.insert(*g);
             }
             op => {
