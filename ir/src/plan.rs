@@ -382,9 +382,9 @@ const STREAM_K_LOOP_MAX_BYTES: usize = 4096;
 /// `s` looping over k two steps a trip where the target spreads the prefetches of the next
 /// matrices over the inner loops ([`Target::prefetch_spread`]) and `s`, prefetching, has
 /// none: matrices under [`STREAM_K_LOOP_MAX_BYTES`] with all k steps unrolled. Measured
-/// (Intel Xeon, 512 MiB, one and two threads, alternated twice, % of the bound): f32 10..16
-/// 89-94% -> 93-95%, f64 9..12 92-94% -> 93-96%; f32 24 (6.8 KiB, tall blocks) lost 2
-/// points, hence the limit (docs/perf-notes.md, twenty-fifth session).
+/// (Intel Xeon, 512 MiB, one thread, alternated twice, % of the bound): f32 10..16 89-93%
+/// -> 93-95%, f64 9..12 92-93% -> 94-96%; f32 24 (6.8 KiB, tall blocks) lost 2 points,
+/// hence the limit (docs/perf-notes.md, twenty-fifth session).
 fn with_k_loop(problem: &ColMajorProblem, target: Target, s: Schedule) -> Schedule {
     let loops = target.prefetch_spread
         && s.prefetch
