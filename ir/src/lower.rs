@@ -166,7 +166,7 @@ pub fn lower(
 /// prefetching the whole stride of each operand ([`crate::Target::prefetch_spread`]) asks
 /// for no line the kernel does not read.
 fn packed_densely(p: &ColMajorProblem) -> bool {
-    let line = 64;
+    let line = crate::prefetch::LINE as usize;
     let elt = p.dtype.size();
     [
         (p.stride_a, p.m * p.k),

@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use crate::program::{Addr, Gpr, Op, Trips};
 
 /// Bytes per cache line.
-const LINE: i64 = 64;
+pub(crate) const LINE: i64 = 64;
 
 /// The most trips ahead that [`insert`] reaches to cover its minimum distance.
 const MAX_TRIPS: i64 = 64;
@@ -67,7 +67,7 @@ pub fn insert(ops: &mut [Op], trips: u8, min_bytes_ahead: u32, spread: bool, gpr
                     .filter(|&(_, d, _)| d != 0)
                     .collect();
                 let spreads = spread
-                    && body.iter().any(|op| matches!(op, Op::Loop { .. }))
+                    && has_loop(body)
                     && walks
                         .iter()
                         .all(|&(_, d, ahead)| d > 0 && i32::try_from(ahead).is_ok())
@@ -137,6 +137,11 @@ fn spread_prefetches(body: Vec<Op>, walks: &[(Gpr, i64, i64)], first_free: usize
     out
 }
 
+/// Whether `ops` hold a loop (at their own level).
+fn has_loop(ops: &[Op]) -> bool {
+    ops.iter().any(|op| matches!(op, Op::Loop { .. }))
+}
+
 /// Appends to `out` the trips of each innermost loop of `ops` per run of `ops` (times
 /// `outer`), in program order. A loop whose count is known only at run time counts once.
 fn innermost_trips(ops: &[Op], outer: i64, out: &mut Vec<i64>) {
@@ -147,7 +152,7 @@ fn innermost_trips(ops: &[Op], outer: i64, out: &mut Vec<i64>) {
                     Trips::Const(n) => i64::from(*n),
                     Trips::Register | Trips::RegisterBy(_) => 1,
                 };
-            if body.iter().any(|op| matches!(op, Op::Loop { .. })) {
+            if has_loop(body) {
                 innermost_trips(body, t, out);
             } else {
                 out.push(t);
@@ -162,7 +167,7 @@ fn innermost_trips(ops: &[Op], outer: i64, out: &mut Vec<i64>) {
 fn walk_into_loops(ops: &mut [Op], regs: &[Gpr], shares: &[Vec<usize>], next: &mut usize) {
     for op in ops.iter_mut() {
         if let Op::Loop { body, .. } = op {
-            if body.iter().any(|op| matches!(op, Op::Loop { .. })) {
+            if has_loop(body) {
                 walk_into_loops(body, regs, shares, next);
                 continue;
             }
@@ -403,10 +408,7 @@ mod tests {
         for spec in cases {
             let program = streaming_program(&spec, Target::AVX512);
             let body = batch_body(&program.ops);
-            assert!(
-                body.iter().any(|op| matches!(op, Op::Loop { .. })),
-                "{spec:?}"
-            );
+            assert!(has_loop(body), "{spec:?}");
             let problem = spec.col_major();
             let elt = problem.dtype.size() as i64;
             let mut inner_trips = Vec::new();
@@ -489,11 +491,7 @@ mod tests {
             assert!(s.prefetch, "{spec:?} on {target}");
             let program = lower(&problem, target, &s).unwrap();
             let body = batch_body(&program.ops);
-            assert_eq!(
-                body.iter().any(|op| matches!(op, Op::Loop { .. })),
-                !straight,
-                "{spec:?} on {target}"
-            );
+            assert_eq!(has_loop(body), !straight, "{spec:?} on {target}");
             let no = crate::Schedule {
                 prefetch: false,
                 ..s

@@ -35,47 +35,35 @@ pub fn apply(program: &mut Program) -> bool {
             .into(),
         changed: false,
         blocked: false,
+        unprefetched: HashSet::new(),
     };
-    // Registers that walk C's next matrices for prefetches ([`crate::prefetch`], spread):
-    // copies of C that nothing loads or stores through, nor copies further.
-    let mut walks = HashSet::new();
-    copies_of_c(&program.ops, &mut walks);
-    let mut addressing = HashSet::new();
-    addressed_or_copied(&program.ops, &mut addressing);
-    walks.retain(|g| !addressing.contains(g));
     let mut ops = program.ops.clone();
     walk.convert(&mut ops);
     if !walk.changed || walk.blocked {
         return false;
     }
-    // A line stored whole is better left unread: C's walks go too.
-    drop_walks(&mut ops, &walks);
+    // The registers that only walked C's lines for the prefetches ([`crate::prefetch`],
+    // spread) have nothing left to do.
+    let mut read = HashSet::new();
+    registers_read(&ops, &mut read);
+    let idle: HashSet<Gpr> = walk.unprefetched.difference(&read).copied().collect();
+    drop_writes(&mut ops, &idle);
     program.ops = ops;
     true
 }
 
-/// Registers `ops` copy C's argument register into.
-fn copies_of_c(ops: &[Op], out: &mut HashSet<Gpr>) {
-    for op in ops {
-        match op {
-            Op::Copy { dst, src: Gpr::C } => {
-                out.insert(*dst);
-            }
-            Op::Loop { body, .. } => copies_of_c(body, out),
-            _ => {}
-        }
-    }
-}
-
-/// Registers `ops` load or store through (prefetches aside), copy or count with.
-fn addressed_or_copied(ops: &[Op], out: &mut HashSet<Gpr>) {
+/// Registers `ops` address memory through (prefetches included), copy or count with.
+fn registers_read(ops: &[Op], out: &mut HashSet<Gpr>) {
     for op in ops {
         match op {
             Op::Loop { counter, body, .. } => {
                 out.insert(*counter);
-                addressed_or_copied(body, out);
+                registers_read(body, out);
             }
             Op::Copy { src: g, .. }
+            | Op::Prefetch {
+                addr: Addr { base: g, .. },
+            }
             | Op::LoadAddress {
                 addr: Addr { base: g, .. },
                 ..
@@ -103,17 +91,15 @@ fn addressed_or_copied(ops: &[Op], out: &mut HashSet<Gpr>) {
     }
 }
 
-/// `ops` without the prefetches through `walks`, nor the copies and additions that move
-/// those registers.
-fn drop_walks(ops: &mut Vec<Op>, walks: &HashSet<Gpr>) {
+/// `ops` without the copies into and additions to `regs`.
+fn drop_writes(ops: &mut Vec<Op>, regs: &HashSet<Gpr>) {
     ops.retain(|op| match op {
-        Op::Prefetch { addr } => !walks.contains(&addr.base),
-        Op::Copy { dst, .. } | Op::AddImm { dst, .. } => !walks.contains(dst),
+        Op::Copy { dst, .. } | Op::AddImm { dst, .. } => !regs.contains(dst),
         _ => true,
     });
     for op in ops.iter_mut() {
         if let Op::Loop { body, .. } = op {
-            drop_walks(body, walks);
+            drop_writes(body, regs);
         }
     }
 }
@@ -130,6 +116,8 @@ struct Walk {
     changed: bool,
     /// Whether a store outside the scratch memory could not.
     blocked: bool,
+    /// Registers through which a prefetch of C's lines was dropped.
+    unprefetched: HashSet<Gpr>,
 }
 
 impl Walk {
@@ -149,16 +137,17 @@ impl Walk {
                         .get(&addr.base)
                         .is_some_and(|&at| (at + addr.offset as i64).rem_euclid(width) == 0) =>
                 {
-                    // The prefetch pass reads each line of the next matrix's C before its
-                    // first store: a line stored whole is better left unread.
-                    if matches!(out.last(), Some(Op::Prefetch { addr: p }) if p.base == addr.base) {
-                        out.pop();
-                    }
                     op = Op::StoreStream {
                         addr: *addr,
                         src: *src,
                     };
                     self.changed = true;
+                }
+                // The prefetch pass reads the next matrices' C ahead ([`crate::prefetch`]):
+                // where C is stored whole, its lines are better left unread.
+                Op::Prefetch { addr } if self.origin.get(&addr.base) == Some(&Gpr::C) => {
+                    self.unprefetched.insert(addr.base);
+                    continue;
                 }
                 Op::Store { addr, .. }
                 | Op::StorePieces { addr, .. }

@@ -68,6 +68,14 @@ fn run_fitting(
     ran
 }
 
+/// The x86 targets, each lowering its own way (AMD's AVX2, Zen 4's 512-bit halves).
+const X86_TARGETS: [Target; 4] = [
+    Target::AVX2,
+    Target::AVX2_AMD,
+    Target::AVX512,
+    Target::AVX512_HALVES,
+];
+
 fn specs(dtype: Dtype, m: usize, n: usize, k: usize) -> Vec<GemmSpec> {
     let mut out = Vec::new();
     let scalars = [
@@ -123,12 +131,7 @@ fn planned_schedules_compute_the_reference() {
     ];
     let mut seed = 1;
     for (m, n, k) in shapes {
-        for target in [
-            Target::AVX2,
-            Target::AVX2_AMD,
-            Target::AVX512,
-            Target::AVX512_HALVES,
-        ] {
+        for target in X86_TARGETS {
             for spec in specs(Dtype::F64, m, n, k) {
                 seed += 1;
                 run_case::<f64>(&spec, target, None, seed);
@@ -187,12 +190,7 @@ fn b_resident_blocks_compute_the_reference() {
 fn looped_schedules_compute_the_reference() {
     let mut seed = 1000;
     for (m, n, k) in [(37, 23, 19), (20, 9, 11), (8, 8, 9), (5, 13, 33)] {
-        for target in [
-            Target::AVX2,
-            Target::AVX2_AMD,
-            Target::AVX512,
-            Target::AVX512_HALVES,
-        ] {
+        for target in X86_TARGETS {
             for s in [
                 Schedule {
                     m_vectors: 1,
@@ -601,12 +599,7 @@ fn short_row_panels_take_more_columns() {
         };
     let (mut seed, mut ran) = (7000, 0);
     for (m, n, k) in [(21, 21, 21), (37, 23, 19), (20, 30, 5), (41, 9, 3)] {
-        for target in [
-            Target::AVX2,
-            Target::AVX2_AMD,
-            Target::AVX512,
-            Target::AVX512_HALVES,
-        ] {
+        for target in X86_TARGETS {
             for s in [
                 block(2, 11, 2, false, false, false, false),
                 block(3, 4, 0, true, false, false, false),
