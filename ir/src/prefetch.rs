@@ -16,9 +16,9 @@
 //!   tracked from the argument registers through copies; anything else (scratch memory,
 //!   pointers loaded from pointer arrays) is left alone.
 //! - **Spread** (bodies with inner loops, where the target spreads): one register per
-//!   operand walks the next matrices line by line, a few lines in every trip of the
-//!   innermost loops, so that the lines are asked for at an even rate over the whole
-//!   matrix. At first use, a matrix whose blocks each span all of A asks for all of the
+//!   operand walks the next matrices, the same few prefetches in every trip of every
+//!   innermost loop at a stride of at most a line, so that the lines are asked for at an
+//!   even rate over the whole matrix. At first use, a matrix whose blocks each span all of A asks for all of the
 //!   next A within its first block: a burst of misses (likely more than the core keeps in
 //!   flight) that the compute waits behind (docs/perf-notes.md, twenty-fifth session).
 
@@ -91,31 +91,15 @@ pub fn insert(ops: &mut [Op], trips: u8, min_bytes_ahead: u32, spread: bool, gpr
 /// `body` (a batch loop's, with inner loops) with the next matrices prefetched by walking
 /// registers: for each `(operand, bytes a trip, bytes ahead)` of `walks` a register (from
 /// `Gpr(first_free)` on) starts `bytes ahead` past the operand at the top of the body, and
-/// the innermost loops each prefetch a share of the operand's lines at every trip, one
-/// line after another, spaced evenly between their operations.
+/// every trip of every innermost loop prefetches the same few addresses of each operand, one
+/// stride after another, spaced evenly between the loop's operations.
 fn spread_prefetches(body: Vec<Op>, walks: &[(Gpr, i64, i64)], first_free: usize) -> Vec<Op> {
     let mut trips = Vec::new();
     innermost_trips(&body, 1, &mut trips);
-    // Lines each innermost loop prefetches per trip, per walk: the loops share each
-    // operand's lines in proportion to their trips, rounded up so that every line is asked
-    // for (the last loops get none once the lines run out).
-    let total: i64 = trips.iter().sum();
-    let shares: Vec<Vec<usize>> = walks
+    let total: i64 = trips.iter().sum::<i64>().max(1);
+    let steps: Vec<WalkStep> = walks
         .iter()
-        .map(|&(_, bytes, _)| {
-            let (mut lines, mut left) = ((bytes + LINE - 1) / LINE, total);
-            trips
-                .iter()
-                .map(|&t| {
-                    let (t, left_now) = (t.max(1), left.max(1));
-                    let share = (lines * t + left_now - 1) / left_now;
-                    let per_trip = (share + t - 1) / t;
-                    lines = (lines - per_trip * t).max(0);
-                    left -= t;
-                    per_trip as usize
-                })
-                .collect()
-        })
+        .map(|&(_, bytes, _)| WalkStep::over(bytes, total))
         .collect();
     let regs: Vec<Gpr> = (0..walks.len())
         .map(|i| Gpr((first_free + i) as u8))
@@ -131,10 +115,42 @@ fn spread_prefetches(body: Vec<Op>, walks: &[(Gpr, i64, i64)], first_free: usize
             imm: ahead as i32,
         });
     }
-    let mut next_loop = 0;
     out.extend(body);
-    walk_into_loops(&mut out, &regs, &shares, &mut next_loop);
+    walk_into_loops(&mut out, &regs, &steps);
     out
+}
+
+/// How one walking register moves through the innermost loops: `units` prefetches a trip,
+/// `stride` bytes apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WalkStep {
+    units: usize,
+    stride: i32,
+}
+
+impl WalkStep {
+    /// The step that covers the lines of `bytes` in `trips` innermost trips at an even
+    /// rate: the fewest prefetches a trip that reach a line each, at the shortest stride
+    /// (at most a line) that reaches the last line from a line-aligned start. A stride under
+    /// a line asks for some lines twice (the second finds the line on its way, at the cost
+    /// of an issue slot); whole lines a trip instead left the last loops with none and the
+    /// first asking at a higher rate (f64 29: four lines a trip for 28 of its 35 trips,
+    /// none in the last 7). Where the matrices start mid-line, the line past the last
+    /// whole one may go unasked; in a packed batch it is the next matrix's first line,
+    /// which the next trip asks for first.
+    fn over(bytes: i64, trips: i64) -> WalkStep {
+        let lines = ((bytes + LINE - 1) / LINE).max(1);
+        let units = (lines + trips - 1) / trips;
+        let gaps = units * trips - 1;
+        let stride = match gaps {
+            0 => LINE,
+            _ => (LINE * (lines - 1) + gaps - 1) / gaps,
+        };
+        WalkStep {
+            units: units as usize,
+            stride: stride.clamp(1, LINE) as i32,
+        }
+    }
 }
 
 /// Whether `ops` hold a loop (at their own level).
@@ -161,27 +177,25 @@ fn innermost_trips(ops: &[Op], outer: i64, out: &mut Vec<i64>) {
     }
 }
 
-/// Puts the walking prefetches into the innermost loops of `ops`, in the order
-/// [`innermost_trips`] counted them: loop `i` gets `shares[w][i]` lines of walk `w` per
-/// trip, interleaved across the walks and spaced evenly through the loop's body.
-fn walk_into_loops(ops: &mut [Op], regs: &[Gpr], shares: &[Vec<usize>], next: &mut usize) {
+/// Puts the walking prefetches into every innermost loop of `ops`: `steps[w].units`
+/// prefetches of walk `w` a trip, interleaved across the walks and spaced evenly through
+/// the loop's body.
+fn walk_into_loops(ops: &mut [Op], regs: &[Gpr], steps: &[WalkStep]) {
     for op in ops.iter_mut() {
         if let Op::Loop { body, .. } = op {
             if has_loop(body) {
-                walk_into_loops(body, regs, shares, next);
+                walk_into_loops(body, regs, steps);
                 continue;
             }
-            let loop_index = *next;
-            let most = shares.iter().map(|s| s[loop_index]).max().unwrap_or(0);
-            let units: Vec<Gpr> = (0..most)
+            let most = steps.iter().map(|s| s.units).max().unwrap_or(0);
+            let units: Vec<(Gpr, i32)> = (0..most)
                 .flat_map(|u| {
                     regs.iter()
-                        .zip(shares)
-                        .filter(move |(_, s)| s[loop_index] > u)
-                        .map(|(&r, _)| r)
+                        .zip(steps)
+                        .filter(move |(_, s)| s.units > u)
+                        .map(|(&r, s)| (r, s.stride))
                 })
                 .collect();
-            *next += 1;
             let n = body.len();
             let mut spaced = Vec::with_capacity(n + 2 * units.len());
             let mut placed = 0;
@@ -193,12 +207,12 @@ fn walk_into_loops(ops: &mut [Op], regs: &[Gpr], shares: &[Vec<usize>], next: &m
                         Some(Op::Narrow { .. }) => spaced.len() - 1,
                         _ => spaced.len(),
                     };
-                    let reg = units[placed];
+                    let (reg, stride) = units[placed];
                     spaced.insert(
                         at,
                         Op::AddImm {
                             dst: reg,
-                            imm: LINE as i32,
+                            imm: stride,
                         },
                     );
                     spaced.insert(
@@ -336,9 +350,10 @@ mod tests {
 
     /// Runs one trip of a batch loop's body symbolically (inner loops their constant
     /// number of times), with every register that points into A, B or C known as (operand,
-    /// byte offset from the operand's current matrix); returns the prefetched lines as
-    /// (operand, line index from the current matrix).
-    fn prefetched_lines(body: &[Op]) -> Vec<(Gpr, i64)> {
+    /// byte offset from the line where the operand's current matrix starts, the matrix
+    /// `start` bytes into it); returns the prefetched lines as (operand, line index from
+    /// that line).
+    fn prefetched_lines(body: &[Op], start: i64) -> Vec<(Gpr, i64)> {
         fn run(ops: &[Op], at: &mut HashMap<Gpr, (Gpr, i64)>, out: &mut Vec<(Gpr, i64)>) {
             for op in ops {
                 match op {
@@ -371,7 +386,8 @@ mod tests {
                 }
             }
         }
-        let mut at: HashMap<Gpr, (Gpr, i64)> = [Gpr::A, Gpr::B, Gpr::C].map(|g| (g, (g, 0))).into();
+        let mut at: HashMap<Gpr, (Gpr, i64)> =
+            [Gpr::A, Gpr::B, Gpr::C].map(|g| (g, (g, start))).into();
         let mut out = Vec::new();
         run(body, &mut at, &mut out);
         out
@@ -390,11 +406,31 @@ mod tests {
         }
     }
 
+    /// Counts the prefetches through each of `regs` in every innermost loop of `ops`.
+    fn prefetches_per_innermost_loop(ops: &[Op], regs: &[Gpr], out: &mut Vec<Vec<usize>>) {
+        for op in ops {
+            if let Op::Loop { body, .. } = op {
+                if has_loop(body) {
+                    prefetches_per_innermost_loop(body, regs, out);
+                    continue;
+                }
+                let count = |g: Gpr| {
+                    body.iter()
+                        .filter(|op| matches!(op, Op::Prefetch { addr } if addr.base == g))
+                        .count()
+                };
+                out.push(regs.iter().map(|&g| count(g)).collect());
+            }
+        }
+    }
+
     /// Where the batch loop has inner loops, the walks ask for every line of the next
-    /// matrices' A, B and C in one trip, each line once, and not much past them: at most
-    /// one line more a trip of an inner loop (each loop's share is rounded up).
+    /// matrices' A, B and C in one trip, in ascending order, and not much past them; every
+    /// trip of every innermost loop asks for the same number of each operand's lines, so
+    /// that the requests go out at an even rate over the whole matrix (f64 29's last column
+    /// block once asked for none, its first ones for a third more than their share).
     #[test]
-    fn spread_prefetches_ask_for_each_line_of_the_next_matrices_once() {
+    fn spread_prefetches_cover_the_next_matrices_at_an_even_rate() {
         let cases = [
             GemmSpec::builder(Dtype::F64, 32, 32, 32).build().unwrap(),
             GemmSpec::builder(Dtype::F64, 29, 29, 29).build().unwrap(),
@@ -413,39 +449,63 @@ mod tests {
             let elt = problem.dtype.size() as i64;
             let mut inner_trips = Vec::new();
             innermost_trips(body, 1, &mut inner_trips);
-            let slack: i64 = inner_trips.iter().sum();
-            let lines = prefetched_lines(body);
-            for (operand, stride) in [
-                (Gpr::A, problem.stride_a),
-                (Gpr::B, problem.stride_b),
-                (Gpr::C, problem.stride_c),
-            ] {
-                let bytes = stride as i64 * elt;
-                // One trip ahead reaches 4 KiB here: the next matrix.
-                let (first, last) = (bytes / LINE, (2 * bytes - 1) / LINE);
-                let mine: Vec<i64> = lines
-                    .iter()
-                    .filter(|(o, _)| *o == operand)
-                    .map(|&(_, l)| l)
-                    .collect();
-                let distinct: BTreeSet<i64> = mine.iter().copied().collect();
-                assert_eq!(
-                    distinct.len(),
-                    mine.len(),
-                    "{spec:?} {operand:?}: a line twice"
-                );
-                assert!(
-                    (first..=last).all(|l| distinct.contains(&l)),
-                    "{spec:?} {operand:?}: lines {first}..={last} not all asked for"
-                );
-                assert_eq!(distinct.first(), Some(&first), "{spec:?} {operand:?}");
-                let count = mine.len() as i64;
-                assert!(
-                    count <= last - first + 1 + slack,
-                    "{spec:?} {operand:?}: {count}"
-                );
+            let total_trips: i64 = inner_trips.iter().sum();
+            // Matrices that start at a line, and mid-line (the kernel cannot know which).
+            for start in [0, 40] {
+                let lines = prefetched_lines(body, start);
+                for (operand, stride) in [
+                    (Gpr::A, problem.stride_a),
+                    (Gpr::B, problem.stride_b),
+                    (Gpr::C, problem.stride_c),
+                ] {
+                    let bytes = stride as i64 * elt;
+                    // One trip ahead reaches 4 KiB here: the next matrix.
+                    let (first, last) = ((start + bytes) / LINE, (start + 2 * bytes - 1) / LINE);
+                    let mine: Vec<i64> = lines
+                        .iter()
+                        .filter(|(o, _)| *o == operand)
+                        .map(|&(_, l)| l)
+                        .collect();
+                    assert!(
+                        mine.windows(2).all(|w| w[0] <= w[1]),
+                        "{spec:?} {operand:?} from {start}: not in ascending order"
+                    );
+                    let distinct: BTreeSet<i64> = mine.iter().copied().collect();
+                    // From mid-line, the last line may be left to the next trip, whose walk
+                    // starts in it: the matrix after the next begins there.
+                    let left_to_next = start % LINE != 0 && (start + 2 * bytes) / LINE == last;
+                    assert!(
+                        (first..=last).all(|l| distinct.contains(&l)
+                            || (l == last && left_to_next)),
+                        "{spec:?} {operand:?} from {start}: lines {first}..={last} not all asked for"
+                    );
+                    assert_eq!(
+                        distinct.first(),
+                        Some(&first),
+                        "{spec:?} {operand:?} from {start}"
+                    );
+                    // The fewest prefetches a trip that reach a line each: fewer than a
+                    // trip's worth more than the lines, and at most a trip's worth past the
+                    // last line.
+                    let count = mine.len() as i64;
+                    let per_trip = count / total_trips;
+                    assert_eq!(
+                        count,
+                        per_trip * total_trips,
+                        "{spec:?} {operand:?} from {start}"
+                    );
+                    assert!(
+                        count < (bytes + LINE - 1) / LINE + total_trips,
+                        "{spec:?} {operand:?} from {start}: {count}"
+                    );
+                    assert!(
+                        *distinct.last().unwrap() <= last + per_trip,
+                        "{spec:?} {operand:?} from {start}: {distinct:?}"
+                    );
+                }
             }
-            // One walking register per operand, past the lowering's.
+            // One walking register per operand, past the lowering's; every innermost
+            // loop asks for the same number of lines of each operand.
             let mut bases = BTreeSet::new();
             prefetch_bases(&program.ops, &mut bases);
             assert_eq!(bases.len(), 3, "{spec:?}: {bases:?}");
@@ -455,6 +515,45 @@ mod tests {
                 "{spec:?}: {bases:?} of {}",
                 program.gprs
             );
+            let regs: Vec<Gpr> = bases.into_iter().collect();
+            let mut per_loop = Vec::new();
+            prefetches_per_innermost_loop(body, &regs, &mut per_loop);
+            assert!(
+                per_loop.windows(2).all(|w| w[0] == w[1]) && per_loop[0].iter().all(|&c| c > 0),
+                "{spec:?}: {per_loop:?}"
+            );
+        }
+    }
+
+    /// The walk's step reaches from the first line to the last in the trips, at most a line
+    /// at a time, with the fewest prefetches a trip that can.
+    #[test]
+    fn walk_steps_cover_their_bytes_without_skipping_a_line() {
+        // f64 29x29x29: 6728 bytes an operand over 35 innermost trips (28 of the four full
+        // column blocks, 7 of the last).
+        assert_eq!(
+            WalkStep::over(6728, 35),
+            WalkStep {
+                units: 4,
+                stride: 49
+            }
+        );
+        for bytes in [1, 63, 64, 65, 200, 1000, 4096, 6728, 8192, 40000] {
+            for trips in [1, 2, 3, 7, 35, 128, 1000] {
+                let WalkStep { units, stride } = WalkStep::over(bytes, trips);
+                let (units, stride) = (units as i64, i64::from(stride));
+                assert!((1..=LINE).contains(&stride), "{bytes} {trips}");
+                // The last prefetch reaches the last line from a line's start.
+                let lines = (bytes + LINE - 1) / LINE;
+                assert!(
+                    (units * trips - 1) * stride >= (lines - 1) * LINE,
+                    "{bytes} {trips}"
+                );
+                assert!(
+                    units == 1 || (units - 1) * trips < lines,
+                    "{bytes} {trips}: {units} a trip"
+                );
+            }
         }
     }
 

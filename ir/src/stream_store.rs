@@ -187,6 +187,12 @@ impl Walk {
                     writes(body, width, &mut moved, &mut written);
                     for g in &written {
                         self.known.remove(g);
+                    }
+                    // Constants added keep a register in its matrix (the prefetch walks
+                    // move by less than a vector); only other writes lose its origin.
+                    let mut reassigned = HashSet::new();
+                    writes(body, 1, &mut HashMap::new(), &mut reassigned);
+                    for g in &reassigned {
                         self.origin.remove(g);
                     }
                     for (g, d) in moved {
