@@ -48,6 +48,11 @@ pub fn apply(program: &mut Program) -> bool {
     registers_read(&ops, &mut read);
     let idle: HashSet<Gpr> = walk.unprefetched.difference(&read).copied().collect();
     drop_writes(&mut ops, &idle);
+    // C's walk is the last register the prefetch pass took: give it back, so that the
+    // kernel does not save a register it no longer uses.
+    while program.gprs > 0 && idle.contains(&Gpr((program.gprs - 1) as u8)) {
+        program.gprs -= 1;
+    }
     program.ops = ops;
     true
 }

@@ -185,7 +185,12 @@ fn the_next_matrix_s_c_is_not_prefetched() {
         prefetched_operands(&program.ops),
         [Gpr::A, Gpr::B, Gpr::C].into()
     );
+    let gprs = program.gprs;
     assert!(stream_store::apply(&mut program));
+    // C's walking register, the last one, went with its prefetches.
+    assert_eq!(program.gprs, gprs - 1);
+    let walk_c = format!("Gpr({})", gprs - 1);
+    assert!(!format!("{:?}", program.ops).contains(&walk_c));
     // 4x6 blocks in the loop over columns and a 4x2 block after it.
     assert_eq!(streaming_stores(&program), 4 * 6 + 4 * 2);
     // The prefetches of C's lines went (walking the next matrices: target.prefetch_spread),
