@@ -1172,7 +1172,7 @@ pub(crate) fn kernel(
                         &end,
                         &region,
                         op.vectors,
-                        if s.async_copies_apply() {
+                        if s.async_copies_apply() || s.async_staging_apply() {
                             FlatCopy::Async
                         } else {
                             FlatCopy::In
@@ -1187,10 +1187,13 @@ pub(crate) fn kernel(
                 cflat_region = Some((span, end, region, op.vectors));
                 flat_shift[i] = Some(shift);
             } else {
-                // Tensor-core fragments read only the problems' elements of the copy (and
-                // rows or columns past them that are never stored): the partial vectors at
-                // the span's ends may come whole, from the 16-byte granules that hold them.
-                let copy = if s.async_copies_apply() {
+                // Both kernels read only the problems' elements of the copy (and rows or
+                // columns past them whose results are never stored): the partial vectors
+                // at the span's ends may come whole, from the 16-byte granules that hold
+                // them. FMA kernels without `cp.async` keep them element by element:
+                // whole, f16 7, 10 and 13 lost 1.6 to 5 points of the bound (H100,
+                // docs/gpu-notes.md, version 26).
+                let copy = if s.async_copies_apply() || s.async_staging_apply() {
                     FlatCopy::Async
                 } else if s.mma.is_some() {
                     FlatCopy::WholeEnds

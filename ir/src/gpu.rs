@@ -231,7 +231,8 @@ pub struct GpuSchedule {
     /// A's and B's do (docs/gpu-notes.md, version 15). FMA kernels (any batch form): A
     /// and B are staged element by element (or by aligned vector) through `cp.async`,
     /// zero-filled past the problem's extents by its source size, instead of a load into a
-    /// register and a shared store (docs/gpu-notes.md, version 20). Ignored elsewhere.
+    /// register and a shared store (docs/gpu-notes.md, version 20); their flat spans (and
+    /// C's under `FlatC`) in whole 16-byte vectors (version 26). Ignored elsewhere.
     #[serde(default)]
     pub async_copies: bool,
     /// Tensor-core kernels of strided batches with at most 15 problems per block, whose A
@@ -722,6 +723,24 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
     (4, 2, 7, FC), (4, 4, 8, FC), (4, 4, 8, FC), (4, 4, 16, FC), // 12..15
 ];
 
+/// FMA defaults of version 26 (docs/gpu-notes.md): flat spans copied into shared memory
+/// through `cp.async` (`async_copies`: every vector of A, B and C in flight at once, no
+/// registers, no element-by-element ends), which replace the entries above at these square
+/// sizes. From `smallgemm tune --gpu --schedules` on an H100 (the planned schedule, then
+/// `cp.async` with flat or `FlatC` staging and 8 to 64 problems a block), then the bench
+/// with the tuned database against the planner, alternated, twice (% of the bound): f16 3
+/// 99.0-99.9 -> 103.2-104.0, 5 99.9-100.8 -> 102.1-102.5, 8 93.9-94.4 -> 95.3-97.7, 9
+/// 85.6-85.8 -> 100.0-100.9, 11 96.4-96.6 -> 98.1-100.3, 12 98.4-99.0 -> 103.1-103.4, 13
+/// 90.3-96.4 -> 97.1-102.4, 14 99.7-100.6 -> 101.3-102.3, 15 93.8-94.0 -> 99.4-100.3; f32
+/// 17 92.0-92.5 -> 96.7-97.2. (dtype, n, rm, rn, tba of the square problem, staging.)
+#[rustfmt::skip]
+const H100_FMA_ASYNC: [(Dtype, usize, u32, u32, u32, Staging); 10] = [
+    (Dtype::F16, 3, 4, 4, 128, FC), (Dtype::F16, 5, 4, 4, 64, FC), (Dtype::F16, 8, 4, 2, 16, FC),
+    (Dtype::F16, 9, 4, 4, 32, FC), (Dtype::F16, 11, 4, 4, 16, FC), (Dtype::F16, 12, 4, 2, 8, FC),
+    (Dtype::F16, 13, 4, 4, 16, FC), (Dtype::F16, 14, 4, 4, 16, FC), (Dtype::F16, 15, 4, 4, 16, FC),
+    (Dtype::F32, 17, 4, 4, 5, FC),
+];
+
 /// f16 tensor-core winners for n = 16..=128 on an H100 (`smallgemm tune --gpu --dtype f16
 /// --mma-only`: a full sweep of the `ldmatrix` candidates over 33 sizes, then `--quick-mma`
 /// over the other 80, then `--quick-mma` with 16 warps over 65..128; docs/gpu-notes.md,
@@ -1037,10 +1056,21 @@ fn plan_within_limits(
             }
             (Dtype::F16, _) => (4, 4, 64, Staging::FlatC),
         };
+        let async_entry = H100_FMA_ASYNC
+            .iter()
+            .find(|e| e.0 == p.dtype && e.1 == big.max(2));
+        let (rm, rn, want, stage) = match async_entry {
+            Some(&(_, n, rm, rn, tba, stage)) => {
+                let square = (n.div_ceil(rm as usize) * n.div_ceil(rn as usize)) as u32;
+                (rm, rn, tba * square, stage)
+            }
+            None => (rm, rn, want, stage),
+        };
         let s = GpuSchedule::fma(rm, rn, 1, stage);
         let tpp = s.resources(p).threads_per_problem.max(1);
         GpuSchedule {
             tba: (want / tpp).max(1),
+            async_copies: async_entry.is_some(),
             ..s
         }
     };

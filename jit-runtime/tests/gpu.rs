@@ -231,7 +231,8 @@ fn every_staging_matches() {
             let p = spec.col_major();
             for (rm, rn) in [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)] {
                 // Padded staging also with vector reads of A and B (`vector_reads`), and
-                // through `cp.async` (`async_copies`) with and without them.
+                // through `cp.async` (`async_copies`) with and without them; the flat
+                // spans also through `cp.async`.
                 for (stage, vr, cpa) in [
                     (Staging::Padded, false, false),
                     (Staging::Flat, false, false),
@@ -239,6 +240,8 @@ fn every_staging_matches() {
                     (Staging::Padded, true, false),
                     (Staging::Padded, false, true),
                     (Staging::Padded, true, true),
+                    (Staging::Flat, false, true),
+                    (Staging::FlatC, false, true),
                 ] {
                     if ((rm, rn) == (8, 4) && !vr) || (vr && d == Dtype::F16) {
                         continue;
