@@ -338,9 +338,11 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
             distinct.push(s);
         }
     }
-    // Tiny matrices: the first three also prefetching the next matrices, which paid in the
-    // hot kernels of some (f64 3x3x3 and 5x5x5, f32 7x7x7: 4-7%) and not of others (f64
-    // 8x8x8 6% slower; docs/perf-notes.md, twenty-third session), so it is timed, not planned.
+    // Matrices up to a few KiB: the first three also prefetching the next matrices, which
+    // paid in the hot kernels of some (f64 3x3x3 and 5x5x5, f32 7x7x7: 4-7%; f64 21 and 23,
+    // f32 25, 27 and 32, walking through their k loops: 4-7%) and not of others (f64 8x8x8
+    // 6% slower, f64 20 and 32 4%; docs/perf-notes.md, twenty-third and twenty-sixth
+    // sessions), so it is timed, not planned.
     if spec.footprint_bytes() <= PREFETCH_CANDIDATE_BYTES {
         // At most half the limit, so that each one's plain form stays in.
         let prefetching: Vec<Schedule> = distinct
@@ -359,8 +361,10 @@ fn candidates(spec: &GemmSpec, target: Target, limit: usize) -> Vec<Schedule> {
 }
 
 /// Bytes of A, B and C per matrix up to which `tune` also times prefetching variants of
-/// its best candidates (f32 7x7x7 is 588, f64 8x8x8 1536).
-const PREFETCH_CANDIDATE_BYTES: usize = 1536;
+/// its best candidates: two matrices (the current one and the next, one trip ahead) within
+/// a 48 KiB L1 with room to spare (f64 31x31x31 is 22.5 KiB; f64 32x32x32, 24 KiB, lost 4%
+/// with the prefetches).
+const PREFETCH_CANDIDATE_BYTES: usize = 20 * 1024;
 
 /// Times every candidate of a shape: (schedule, median GFLOP/s), the planner's first.
 fn tune_shape<T: Element>(
@@ -548,10 +552,11 @@ mod tests {
     }
 
     #[test]
-    fn tiny_matrices_also_time_prefetching() {
-        // f64 7x7x7 is 1176 bytes of A, B and C: the first three candidates come again with
-        // prefetches, within the limit; 16x16x16 (6 KiB) has none.
-        for (n, limit) in [(7, 12), (7, 4), (3, 3)] {
+    fn small_matrices_also_time_prefetching() {
+        // f64 7x7x7 is 1176 bytes of A, B and C, 23x23x23 12.4 KiB: the first three
+        // candidates come again with prefetches, within the limit; 32x32x32 (24 KiB) has
+        // none.
+        for (n, limit) in [(7, 12), (7, 4), (3, 3), (23, 12)] {
             let spec = GemmSpec::builder(Dtype::F64, n, n, n).build().unwrap();
             let list = candidates(&spec, Target::AVX512, limit);
             assert!(list.len() <= limit, "{list:?}");
@@ -565,7 +570,7 @@ mod tests {
                 assert!(list.contains(&plain), "{p:?} without its plain form");
             }
         }
-        let spec = GemmSpec::builder(Dtype::F64, 16, 16, 16).build().unwrap();
+        let spec = GemmSpec::builder(Dtype::F64, 32, 32, 32).build().unwrap();
         assert!(!candidates(&spec, Target::AVX512, 12)
             .iter()
             .any(|s| s.prefetch));
