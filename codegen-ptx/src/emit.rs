@@ -1191,7 +1191,7 @@ pub(crate) fn kernel(
                 // columns past them whose results are never stored): the partial vectors
                 // at the span's ends may come whole, from the 16-byte granules that hold
                 // them. FMA kernels without `cp.async` keep them element by element:
-                // whole, f16 7, 10 and 13 lost 1.6 to 5 points of the bound (H100,
+                // whole, f16 7, 10 and 13 lost 1.6 to 6 points of the bound (H100,
                 // docs/gpu-notes.md, version 26).
                 let copy = if s.async_copies_apply() || s.async_staging_apply() {
                     FlatCopy::Async
