@@ -735,10 +735,11 @@ const H100_F16: [(u32, u32, u32, Staging); 14] = [
 /// 17 92.0-92.5 -> 96.7-97.2. (dtype, n, rm, rn, tba of the square problem, staging.)
 #[rustfmt::skip]
 const H100_FMA_ASYNC: [(Dtype, usize, u32, u32, u32, Staging); 10] = [
-    (Dtype::F16, 3, 4, 4, 128, FC), (Dtype::F16, 5, 4, 4, 64, FC), (Dtype::F16, 8, 4, 2, 16, FC),
-    (Dtype::F16, 9, 4, 4, 32, FC), (Dtype::F16, 11, 4, 4, 16, FC), (Dtype::F16, 12, 4, 2, 8, FC),
-    (Dtype::F16, 13, 4, 4, 16, FC), (Dtype::F16, 14, 4, 4, 16, FC), (Dtype::F16, 15, 4, 4, 16, FC),
-    (Dtype::F32, 17, 4, 4, 5, FC),
+    (Dtype::F16, 3, 4, 4, 128, FC), (Dtype::F16, 5, 4, 4, 64, FC),
+    (Dtype::F16, 8, 4, 2, 16, FC), (Dtype::F16, 9, 4, 4, 32, FC),
+    (Dtype::F16, 11, 4, 4, 16, FC), (Dtype::F16, 12, 4, 2, 8, FC),
+    (Dtype::F16, 13, 4, 4, 16, FC), (Dtype::F16, 14, 4, 4, 16, FC),
+    (Dtype::F16, 15, 4, 4, 16, FC), (Dtype::F32, 17, 4, 4, 5, FC),
 ];
 
 /// f16 tensor-core winners for n = 16..=128 on an H100 (`smallgemm tune --gpu --dtype f16

@@ -18,9 +18,10 @@
 //! - **Spread** (bodies with inner loops, where the target spreads): one register per
 //!   operand walks the next matrices, the same few prefetches in every trip of every
 //!   innermost loop at a stride of at most a line, so that the lines are asked for at an
-//!   even rate over the whole matrix. At first use, a matrix whose blocks each span all of A asks for all of the
-//!   next A within its first block: a burst of misses (likely more than the core keeps in
-//!   flight) that the compute waits behind (docs/perf-notes.md, twenty-fifth session).
+//!   even rate over the whole matrix. At first use, a matrix whose blocks each span all of
+//!   A asks for all of the next A within its first block: a burst of misses (likely more
+//!   than the core keeps in flight) that the compute waits behind (docs/perf-notes.md,
+//!   twenty-fifth session).
 
 use std::collections::{HashMap, HashSet};
 
@@ -475,9 +476,9 @@ mod tests {
                     // starts in it: the matrix after the next begins there.
                     let left_to_next = start % LINE != 0 && (start + 2 * bytes) / LINE == last;
                     assert!(
-                        (first..=last).all(|l| distinct.contains(&l)
-                            || (l == last && left_to_next)),
-                        "{spec:?} {operand:?} from {start}: lines {first}..={last} not all asked for"
+                        (first..=last)
+                            .all(|l| distinct.contains(&l) || (l == last && left_to_next)),
+                        "{spec:?} {operand:?} from {start}: not all of {first}..={last}"
                     );
                     assert_eq!(
                         distinct.first(),
