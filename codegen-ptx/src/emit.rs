@@ -1135,6 +1135,9 @@ pub(crate) fn kernel(
     // those of groups past the batch end; `end` stops at the batch end).
     let mut flat_shift = [None, None, None];
     let mut cflat_region = None;
+    // Flat spans through `cp.async`: tensor-core kernels' (`async_copies_apply`) and FMA
+    // kernels' (`async_staging_apply`).
+    let async_spans = s.async_copies_apply() || s.async_staging_apply();
     if flat.a.is_some() || flat.b.is_some() || flat.c.is_some() {
         asm.comment("flat staging: the block's spans of packed operands");
         let staging = asm.body.len();
@@ -1172,7 +1175,7 @@ pub(crate) fn kernel(
                         &end,
                         &region,
                         op.vectors,
-                        if s.async_copies_apply() || s.async_staging_apply() {
+                        if async_spans {
                             FlatCopy::Async
                         } else {
                             FlatCopy::In
@@ -1193,7 +1196,7 @@ pub(crate) fn kernel(
                 // them. FMA kernels without `cp.async` keep them element by element:
                 // whole, f16 7, 10 and 13 lost 1.6 to 6 points of the bound (H100,
                 // docs/gpu-notes.md, version 26).
-                let copy = if s.async_copies_apply() || s.async_staging_apply() {
+                let copy = if async_spans {
                     FlatCopy::Async
                 } else if s.mma.is_some() {
                     FlatCopy::WholeEnds

@@ -1035,37 +1035,25 @@ fn plan_within_limits(
         // f64/f32 2..32: the winners of a `smallgemm tune --gpu` sweep on an H100 (every
         // tile, block size and staging; docs/gpu-notes.md, version 4), as (rm, rn, tba of
         // the square problem, staging); other shapes keep the winner's threads per block.
-        // Above 32, and f16 FMA kernels: wide tiles, flat staging.
-        let (rm, rn, want, stage) = match (p.dtype, big) {
-            (Dtype::F64 | Dtype::F32, 0..=32) => {
-                let n = big.max(2);
-                let (rm, rn, tba, stage) = if p.dtype == Dtype::F64 {
-                    H100_F64[n - 2]
-                } else {
-                    H100_F32[n - 2]
-                };
-                let square = (n.div_ceil(rm as usize) * n.div_ceil(rn as usize)) as u32;
-                (rm, rn, tba * square, stage)
-            }
-            (Dtype::F64, _) => (4, 4, 128, Staging::Padded),
-            (Dtype::F32, _) => (4, 4, 64, Staging::Padded),
-            (Dtype::F16, 0..=15) => {
-                let n = big.max(2);
-                let (rm, rn, tba, stage) = H100_F16[n - 2];
-                let square = (n.div_ceil(rm as usize) * n.div_ceil(rn as usize)) as u32;
-                (rm, rn, tba * square, stage)
-            }
-            (Dtype::F16, _) => (4, 4, 64, Staging::FlatC),
+        // f16 FMA kernels (2..15) likewise; `H100_FMA_ASYNC` replaces some of both. Above
+        // those: wide tiles.
+        let n = big.max(2);
+        let async_entry = H100_FMA_ASYNC.iter().find(|e| e.0 == p.dtype && e.1 == n);
+        let tuned = match (async_entry, p.dtype, big) {
+            (Some(&(_, _, rm, rn, tba, stage)), _, _) => Some((rm, rn, tba, stage)),
+            (None, Dtype::F64, 0..=32) => Some(H100_F64[n - 2]),
+            (None, Dtype::F32, 0..=32) => Some(H100_F32[n - 2]),
+            (None, Dtype::F16, 0..=15) => Some(H100_F16[n - 2]),
+            _ => None,
         };
-        let async_entry = H100_FMA_ASYNC
-            .iter()
-            .find(|e| e.0 == p.dtype && e.1 == big.max(2));
-        let (rm, rn, want, stage) = match async_entry {
-            Some(&(_, n, rm, rn, tba, stage)) => {
+        let (rm, rn, want, stage) = match (tuned, p.dtype) {
+            (Some((rm, rn, tba, stage)), _) => {
                 let square = (n.div_ceil(rm as usize) * n.div_ceil(rn as usize)) as u32;
                 (rm, rn, tba * square, stage)
             }
-            None => (rm, rn, want, stage),
+            (None, Dtype::F64) => (4, 4, 128, Staging::Padded),
+            (None, Dtype::F32) => (4, 4, 64, Staging::Padded),
+            (None, Dtype::F16) => (4, 4, 64, Staging::FlatC),
         };
         let s = GpuSchedule::fma(rm, rn, 1, stage);
         let tpp = s.resources(p).threads_per_problem.max(1);

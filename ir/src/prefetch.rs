@@ -95,15 +95,24 @@ pub fn insert(ops: &mut [Op], trips: u8, min_bytes_ahead: u32, spread: bool, gpr
 /// every trip of every innermost loop prefetches the same few addresses of each operand, one
 /// stride after another, spaced evenly between the loop's operations.
 fn spread_prefetches(body: Vec<Op>, walks: &[(Gpr, i64, i64)], first_free: usize) -> Vec<Op> {
-    let mut trips = Vec::new();
-    innermost_trips(&body, 1, &mut trips);
-    let total: i64 = trips.iter().sum::<i64>().max(1);
+    let total = innermost_trips(&body, 1).max(1);
     let steps: Vec<WalkStep> = walks
         .iter()
         .map(|&(_, bytes, _)| WalkStep::over(bytes, total))
         .collect();
     let regs: Vec<Gpr> = (0..walks.len())
         .map(|i| Gpr((first_free + i) as u8))
+        .collect();
+    // One trip's prefetches, the same in every innermost loop: (register, stride), the
+    // walks interleaved.
+    let most = steps.iter().map(|s| s.units).max().unwrap_or(0);
+    let units: Vec<(Gpr, i32)> = (0..most)
+        .flat_map(|u| {
+            regs.iter()
+                .zip(&steps)
+                .filter(move |(_, s)| s.units > u)
+                .map(|(&r, s)| (r, s.stride))
+        })
         .collect();
     let mut out = Vec::with_capacity(body.len() + 2 * walks.len());
     for (&(operand, _, ahead), &reg) in walks.iter().zip(&regs) {
@@ -117,7 +126,7 @@ fn spread_prefetches(body: Vec<Op>, walks: &[(Gpr, i64, i64)], first_free: usize
         });
     }
     out.extend(body);
-    walk_into_loops(&mut out, &regs, &steps);
+    walk_into_loops(&mut out, &units);
     out
 }
 
@@ -159,44 +168,37 @@ fn has_loop(ops: &[Op]) -> bool {
     ops.iter().any(|op| matches!(op, Op::Loop { .. }))
 }
 
-/// Appends to `out` the trips of each innermost loop of `ops` per run of `ops` (times
-/// `outer`), in program order. A loop whose count is known only at run time counts once.
-fn innermost_trips(ops: &[Op], outer: i64, out: &mut Vec<i64>) {
-    for op in ops {
-        if let Op::Loop { trips, body, .. } = op {
-            let t = outer
-                * match trips {
-                    Trips::Const(n) => i64::from(*n),
-                    Trips::Register | Trips::RegisterBy(_) => 1,
-                };
-            if has_loop(body) {
-                innermost_trips(body, t, out);
-            } else {
-                out.push(t);
+/// The trips of all innermost loops of `ops` per run of `ops` (times `outer`). A loop
+/// whose count is known only at run time counts once.
+fn innermost_trips(ops: &[Op], outer: i64) -> i64 {
+    ops.iter()
+        .map(|op| match op {
+            Op::Loop { trips, body, .. } => {
+                let t = outer
+                    * match trips {
+                        Trips::Const(n) => i64::from(*n),
+                        Trips::Register | Trips::RegisterBy(_) => 1,
+                    };
+                if has_loop(body) {
+                    innermost_trips(body, t)
+                } else {
+                    t
+                }
             }
-        }
-    }
+            _ => 0,
+        })
+        .sum()
 }
 
-/// Puts the walking prefetches into every innermost loop of `ops`: `steps[w].units`
-/// prefetches of walk `w` a trip, interleaved across the walks and spaced evenly through
-/// the loop's body.
-fn walk_into_loops(ops: &mut [Op], regs: &[Gpr], steps: &[WalkStep]) {
+/// Puts `units` (a trip's prefetches: walking register, stride) into every innermost loop
+/// of `ops`, spaced evenly through the loop's body.
+fn walk_into_loops(ops: &mut [Op], units: &[(Gpr, i32)]) {
     for op in ops.iter_mut() {
         if let Op::Loop { body, .. } = op {
             if has_loop(body) {
-                walk_into_loops(body, regs, steps);
+                walk_into_loops(body, units);
                 continue;
             }
-            let most = steps.iter().map(|s| s.units).max().unwrap_or(0);
-            let units: Vec<(Gpr, i32)> = (0..most)
-                .flat_map(|u| {
-                    regs.iter()
-                        .zip(steps)
-                        .filter(move |(_, s)| s.units > u)
-                        .map(|(&r, s)| (r, s.stride))
-                })
-                .collect();
             let n = body.len();
             let mut spaced = Vec::with_capacity(n + 2 * units.len());
             let mut placed = 0;
@@ -448,9 +450,7 @@ mod tests {
             assert!(has_loop(body), "{spec:?}");
             let problem = spec.col_major();
             let elt = problem.dtype.size() as i64;
-            let mut inner_trips = Vec::new();
-            innermost_trips(body, 1, &mut inner_trips);
-            let total_trips: i64 = inner_trips.iter().sum();
+            let total_trips = innermost_trips(body, 1);
             // Matrices that start at a line, and mid-line (the kernel cannot know which).
             for start in [0, 40] {
                 let lines = prefetched_lines(body, start);
