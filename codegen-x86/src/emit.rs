@@ -139,10 +139,10 @@ fn full_forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
 /// The lane-packed kernels' forms for `bytes`-byte vectors: the permute within groups of
 /// four lanes, and the load that repeats four elements across the vector (None where the
 /// width has none: the lowering loads a four-lane vector plainly).
-fn lane_forms(isa: Isa, dtype: Dtype, bytes: usize) -> (Option<VForm>, Option<VForm>) {
+fn permute_form(isa: Isa, dtype: Dtype, bytes: usize) -> Option<VForm> {
     use enc::*;
     let evex = isa == Isa::Avx512;
-    let permute = match (dtype, evex) {
+    match (dtype, evex) {
         (Dtype::F32, true) => Some(EVEX_VPERMILPS_ZMM_IMM8.with_width(bytes)),
         (Dtype::F32, false) => Some(VEX_VPERMILPS_YMM_IMM8.with_width(bytes)),
         // vpermpd has no 128-bit form.
@@ -150,24 +150,40 @@ fn lane_forms(isa: Isa, dtype: Dtype, bytes: usize) -> (Option<VForm>, Option<VF
         (Dtype::F64, true) => Some(EVEX_VPERMPD_ZMM_IMM8.with_width(bytes)),
         (Dtype::F64, false) => Some(VEX_VPERMPD_YMM_IMM8.with_width(bytes)),
         (Dtype::F16, _) => None,
-    };
-    let group = match (dtype, bytes, evex) {
-        (Dtype::F32, 32, false) => Some(VEX_VBROADCASTF128_YMM_M128),
-        (Dtype::F32, 32 | 64, true) => Some(EVEX_VBROADCASTF32X4_ZMM_M128.with_width(bytes)),
-        (Dtype::F64, 64, true) => Some(EVEX_VBROADCASTF64X4_ZMM_M256),
+    }
+}
+
+/// The broadcast of a group of `group` elements from memory into every group of a
+/// `bytes`-byte vector (`Op::BroadcastGroup`), where one instruction does it.
+fn group_broadcast_form(isa: Isa, dtype: Dtype, bytes: usize, group: u8) -> Option<VForm> {
+    use enc::*;
+    let evex = isa == Isa::Avx512;
+    let group_bytes = group as usize * dtype.size();
+    match (dtype, group_bytes, bytes, evex) {
+        (Dtype::F32, 16, 32, false) => Some(VEX_VBROADCASTF128_YMM_M128),
+        (Dtype::F32, 16, 32 | 64, true) => Some(EVEX_VBROADCASTF32X4_ZMM_M128.with_width(bytes)),
+        (Dtype::F32, 32, 64, true) => Some(EVEX_VBROADCASTF32X8_ZMM_M256),
+        // Two f32 are one f64's bits.
+        (Dtype::F32, 8, 32, false) => Some(VEX_VBROADCASTSD_YMM_M64),
+        (Dtype::F32, 8, 32, true) => Some(EVEX_VBROADCASTSD_YMM_M64),
+        (Dtype::F32, 8, 64, true) => Some(EVEX_VBROADCASTSD_ZMM_M64),
+        (Dtype::F64, 16, 64, true) => Some(EVEX_VBROADCASTF64X2_ZMM_M128),
+        (Dtype::F64, 32, 64, true) => Some(EVEX_VBROADCASTF64X4_ZMM_M256),
         _ => None,
-    };
-    (permute, group)
+    }
 }
 
 /// The lane-packed kernels' insert of a group of four elements from memory into a
 /// `bytes`-byte vector, where the vector has more than one group.
-fn insert_form(isa: Isa, dtype: Dtype, bytes: usize) -> Option<VForm> {
+fn insert_form(isa: Isa, dtype: Dtype, bytes: usize, group: u8) -> Option<VForm> {
     use enc::*;
-    match (dtype, bytes, isa == Isa::Avx512) {
-        (Dtype::F32, 32, false) => Some(VEX_VINSERTF128_YMM_M128),
-        (Dtype::F32, 32 | 64, true) => Some(EVEX_VINSERTF32X4_ZMM_M128.with_width(bytes)),
-        (Dtype::F64, 64, true) => Some(EVEX_VINSERTF64X4_ZMM_M256),
+    let group_bytes = group as usize * dtype.size();
+    match (dtype, group_bytes, bytes, isa == Isa::Avx512) {
+        (Dtype::F32, 16, 32, false) => Some(VEX_VINSERTF128_YMM_M128),
+        (Dtype::F32, 16, 32 | 64, true) => Some(EVEX_VINSERTF32X4_ZMM_M128.with_width(bytes)),
+        (Dtype::F32, 32, 64, true) => Some(EVEX_VINSERTF32X8_ZMM_M256),
+        (Dtype::F64, 16, 64, true) => Some(EVEX_VINSERTF64X2_ZMM_M128),
+        (Dtype::F64, 32, 64, true) => Some(EVEX_VINSERTF64X4_ZMM_M256),
         _ => None,
     }
 }
@@ -633,21 +649,17 @@ impl<'a> Emitter<'a> {
                 let (r, m) = (self.v(dst)?, self.mem(addr)?);
                 self.vec(broadcast, r, 0, m);
             }
-            Op::BroadcastGroup { dst, addr } => {
+            Op::BroadcastGroup { dst, addr, lanes } => {
                 let bytes = self.program.vector_bytes();
-                let form = lane_forms(self.isa, dtype, bytes)
-                    .1
-                    .ok_or(EmitError::Unsupported(
-                        "this width of group broadcast",
-                        self.isa,
-                    ))?;
+                let form = group_broadcast_form(self.isa, dtype, bytes, lanes).ok_or(
+                    EmitError::Unsupported("this width of group broadcast", self.isa),
+                )?;
                 let (r, m) = (self.v(dst)?, self.mem(addr)?);
                 self.vec(form, r, 0, m);
             }
             Op::Permute { dst, src, select } => {
                 let bytes = self.program.vector_bytes();
-                let form = lane_forms(self.isa, dtype, bytes)
-                    .0
+                let form = permute_form(self.isa, dtype, bytes)
                     .ok_or(EmitError::Unsupported("this width of permute", self.isa))?;
                 let (dst, src) = (self.v(dst)?, self.v(src)?);
                 let imm = permute_imm(select)?;
@@ -675,12 +687,16 @@ impl<'a> Emitter<'a> {
                 };
                 self.vec(form, dst, index, Rm::Reg(src));
             }
-            Op::InsertGroup { dst, addr, group } => {
+            Op::InsertGroup {
+                dst,
+                addr,
+                group,
+                lanes,
+            } => {
                 let bytes = self.program.vector_bytes();
-                let form = insert_form(self.isa, dtype, bytes).ok_or(EmitError::Unsupported(
-                    "this width of group insert",
-                    self.isa,
-                ))?;
+                let form = insert_form(self.isa, dtype, bytes, lanes).ok_or(
+                    EmitError::Unsupported("this width of group insert", self.isa),
+                )?;
                 let (r, m) = (self.v(dst)?, self.mem(addr)?);
                 self.asm.vec_imm8(form, r, r, m, Evex::default(), group);
             }

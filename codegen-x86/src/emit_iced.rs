@@ -618,21 +618,17 @@ impl<'a> Emitter<'a> {
                 let i = Instruction::with2(broadcast, self.v(dst)?, self.mem(addr, false)?)?;
                 self.add(i)?;
             }
-            Op::BroadcastGroup { dst, addr } => {
+            Op::BroadcastGroup { dst, addr, lanes } => {
                 let bytes = self.width;
-                let code = lane_codes(self.isa, dtype, bytes)
-                    .1
-                    .ok_or(EmitError::Unsupported(
-                        "this width of group broadcast",
-                        self.isa,
-                    ))?;
+                let code = group_broadcast_code(self.isa, dtype, bytes, lanes).ok_or(
+                    EmitError::Unsupported("this width of group broadcast", self.isa),
+                )?;
                 let i = Instruction::with2(code, self.v(dst)?, self.mem(addr, false)?)?;
                 self.add(i)?;
             }
             Op::Permute { dst, src, select } => {
                 let bytes = self.width;
-                let code = lane_codes(self.isa, dtype, bytes)
-                    .0
+                let code = permute_code(self.isa, dtype, bytes)
                     .ok_or(EmitError::Unsupported("this width of permute", self.isa))?;
                 let imm = select
                     .iter()
@@ -663,12 +659,16 @@ impl<'a> Emitter<'a> {
                 };
                 self.add(Instruction::with3(code, dst, index, src)?)?;
             }
-            Op::InsertGroup { dst, addr, group } => {
+            Op::InsertGroup {
+                dst,
+                addr,
+                group,
+                lanes,
+            } => {
                 let bytes = self.width;
-                let code = insert_code(self.isa, dtype, bytes).ok_or(EmitError::Unsupported(
-                    "this width of group insert",
-                    self.isa,
-                ))?;
+                let code = insert_code(self.isa, dtype, bytes, lanes).ok_or(
+                    EmitError::Unsupported("this width of group insert", self.isa),
+                )?;
                 let r = self.v(dst)?;
                 let i = Instruction::with4(code, r, r, self.mem(addr, false)?, group as u32)?;
                 self.add(i)?;
@@ -902,10 +902,10 @@ impl<'a> Emitter<'a> {
 }
 
 /// The lane-packed kernels' permute and group broadcast for `bytes`-byte vectors.
-fn lane_codes(isa: Isa, dtype: Dtype, bytes: usize) -> (Option<Code>, Option<Code>) {
+fn permute_code(isa: Isa, dtype: Dtype, bytes: usize) -> Option<Code> {
     use Code::*;
     let evex = isa == Isa::Avx512;
-    let permute = match (dtype, bytes, evex) {
+    match (dtype, bytes, evex) {
         (Dtype::F32, 16, false) => Some(VEX_Vpermilps_xmm_xmmm128_imm8),
         (Dtype::F32, 32, false) => Some(VEX_Vpermilps_ymm_ymmm256_imm8),
         (Dtype::F32, 16, true) => Some(EVEX_Vpermilps_xmm_k1z_xmmm128b32_imm8),
@@ -915,25 +915,40 @@ fn lane_codes(isa: Isa, dtype: Dtype, bytes: usize) -> (Option<Code>, Option<Cod
         (Dtype::F64, 32, true) => Some(EVEX_Vpermpd_ymm_k1z_ymmm256b64_imm8),
         (Dtype::F64, 64, true) => Some(EVEX_Vpermpd_zmm_k1z_zmmm512b64_imm8),
         _ => None,
-    };
-    let group = match (dtype, bytes, evex) {
-        (Dtype::F32, 32, false) => Some(VEX_Vbroadcastf128_ymm_m128),
-        (Dtype::F32, 32, true) => Some(EVEX_Vbroadcastf32x4_ymm_k1z_m128),
-        (Dtype::F32, 64, true) => Some(EVEX_Vbroadcastf32x4_zmm_k1z_m128),
-        (Dtype::F64, 64, true) => Some(EVEX_Vbroadcastf64x4_zmm_k1z_m256),
+    }
+}
+
+/// The broadcast of a group of `group` elements into every group of a `bytes`-byte vector
+/// (`Op::BroadcastGroup`); the same choices as the other encoder's.
+fn group_broadcast_code(isa: Isa, dtype: Dtype, bytes: usize, group: u8) -> Option<Code> {
+    use Code::*;
+    let evex = isa == Isa::Avx512;
+    let group_bytes = group as usize * dtype.size();
+    match (dtype, group_bytes, bytes, evex) {
+        (Dtype::F32, 16, 32, false) => Some(VEX_Vbroadcastf128_ymm_m128),
+        (Dtype::F32, 16, 32, true) => Some(EVEX_Vbroadcastf32x4_ymm_k1z_m128),
+        (Dtype::F32, 16, 64, true) => Some(EVEX_Vbroadcastf32x4_zmm_k1z_m128),
+        (Dtype::F32, 32, 64, true) => Some(EVEX_Vbroadcastf32x8_zmm_k1z_m256),
+        (Dtype::F32, 8, 32, false) => Some(VEX_Vbroadcastsd_ymm_m64),
+        (Dtype::F32, 8, 32, true) => Some(EVEX_Vbroadcastsd_ymm_k1z_xmmm64),
+        (Dtype::F32, 8, 64, true) => Some(EVEX_Vbroadcastsd_zmm_k1z_xmmm64),
+        (Dtype::F64, 16, 64, true) => Some(EVEX_Vbroadcastf64x2_zmm_k1z_m128),
+        (Dtype::F64, 32, 64, true) => Some(EVEX_Vbroadcastf64x4_zmm_k1z_m256),
         _ => None,
-    };
-    (permute, group)
+    }
 }
 
 /// The lane-packed kernels' insert of four elements from memory into one group.
-fn insert_code(isa: Isa, dtype: Dtype, bytes: usize) -> Option<Code> {
+fn insert_code(isa: Isa, dtype: Dtype, bytes: usize, group: u8) -> Option<Code> {
     use Code::*;
-    match (dtype, bytes, isa == Isa::Avx512) {
-        (Dtype::F32, 32, false) => Some(VEX_Vinsertf128_ymm_ymm_xmmm128_imm8),
-        (Dtype::F32, 32, true) => Some(EVEX_Vinsertf32x4_ymm_k1z_ymm_xmmm128_imm8),
-        (Dtype::F32, 64, true) => Some(EVEX_Vinsertf32x4_zmm_k1z_zmm_xmmm128_imm8),
-        (Dtype::F64, 64, true) => Some(EVEX_Vinsertf64x4_zmm_k1z_zmm_ymmm256_imm8),
+    let group_bytes = group as usize * dtype.size();
+    match (dtype, group_bytes, bytes, isa == Isa::Avx512) {
+        (Dtype::F32, 16, 32, false) => Some(VEX_Vinsertf128_ymm_ymm_xmmm128_imm8),
+        (Dtype::F32, 16, 32, true) => Some(EVEX_Vinsertf32x4_ymm_k1z_ymm_xmmm128_imm8),
+        (Dtype::F32, 16, 64, true) => Some(EVEX_Vinsertf32x4_zmm_k1z_zmm_xmmm128_imm8),
+        (Dtype::F32, 32, 64, true) => Some(EVEX_Vinsertf32x8_zmm_k1z_zmm_ymmm256_imm8),
+        (Dtype::F64, 16, 64, true) => Some(EVEX_Vinsertf64x2_zmm_k1z_zmm_xmmm128_imm8),
+        (Dtype::F64, 32, 64, true) => Some(EVEX_Vinsertf64x4_zmm_k1z_zmm_ymmm256_imm8),
         _ => None,
     }
 }

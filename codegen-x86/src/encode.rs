@@ -197,10 +197,16 @@ pub(crate) const EVEX_VPERMILPS_ZMM_IMM8: VForm = evex(3, 1, false, 2, 0x04, 64)
 pub(crate) const EVEX_VPERMPD_ZMM_IMM8: VForm = evex(3, 1, true, 2, 0x01, 64);
 pub(crate) const EVEX_VBROADCASTF32X4_ZMM_M128: VForm = evex(2, 1, false, 2, 0x1A, 16);
 pub(crate) const EVEX_VBROADCASTF64X4_ZMM_M256: VForm = evex(2, 1, true, 2, 0x1B, 32);
+/// Their AVX512DQ siblings (packed tails).
+pub(crate) const EVEX_VBROADCASTF64X2_ZMM_M128: VForm = evex(2, 1, true, 2, 0x1A, 16);
+pub(crate) const EVEX_VBROADCASTF32X8_ZMM_M256: VForm = evex(2, 1, false, 2, 0x1B, 32);
 /// A group of four elements from memory into one 128- or 256-bit lane: `op reg, reg, [mem],
 /// imm8` (lane-packed kernels, map 0F3A).
 pub(crate) const EVEX_VINSERTF32X4_ZMM_M128: VForm = evex(3, 1, false, 2, 0x18, 16);
 pub(crate) const EVEX_VINSERTF64X4_ZMM_M256: VForm = evex(3, 1, true, 2, 0x1A, 32);
+/// Eight f32 and two f64 (AVX512DQ, packed tails).
+pub(crate) const EVEX_VINSERTF32X8_ZMM_M256: VForm = evex(3, 1, false, 2, 0x1A, 32);
+pub(crate) const EVEX_VINSERTF64X2_ZMM_M128: VForm = evex(3, 1, true, 2, 0x18, 16);
 /// Full permutes by an index vector (`op dst, index, src`), and the index vector from 16
 /// bytes zero-extended to dwords (lane-packed 3x3x3, map 0F38).
 pub(crate) const EVEX_VPERMPS_ZMM: VForm = evex(2, 1, false, 2, 0x16, 64);

@@ -291,10 +291,21 @@ impl<T: Element> Machine<'_, T> {
                 let x = self.read(op, *addr, 0)?;
                 self.set(op, *dst, [x; MAX_LANES])?;
             }
-            Op::BroadcastGroup { dst, addr } => {
+            Op::BroadcastGroup {
+                dst,
+                addr,
+                lanes: group,
+            } => {
+                let group = *group as usize;
+                if group == 0 || lanes % group != 0 {
+                    return Err(InterpError::Undefined {
+                        op: format!("{op:?}"),
+                        what: format!("groups of {group} lanes in a {lanes}-lane vector"),
+                    });
+                }
                 let mut v = [T::default(); MAX_LANES];
                 for (i, lane) in v.iter_mut().enumerate().take(lanes) {
-                    *lane = self.read(op, *addr, i % 4)?;
+                    *lane = self.read(op, *addr, i % group)?;
                 }
                 self.set(op, *dst, v)?;
             }
@@ -334,16 +345,22 @@ impl<T: Element> Machine<'_, T> {
                 }
                 self.set(op, *dst, v)?;
             }
-            Op::InsertGroup { dst, addr, group } => {
-                let first = 4 * *group as usize;
-                if lanes % 4 != 0 || first + 4 > lanes {
+            Op::InsertGroup {
+                dst,
+                addr,
+                group,
+                lanes: width,
+            } => {
+                let width = *width as usize;
+                let first = width * *group as usize;
+                if width == 0 || lanes % width != 0 || first + width > lanes {
                     return Err(InterpError::Undefined {
                         op: format!("{op:?}"),
-                        what: format!("group {group} of four lanes in a {lanes}-lane vector"),
+                        what: format!("group {group} of {width} lanes in a {lanes}-lane vector"),
                     });
                 }
                 let mut v = self.get(op, *dst)?;
-                for i in 0..4 {
+                for i in 0..width {
                     v[first + i] = self.read(op, *addr, i)?;
                 }
                 self.set(op, *dst, v)?;

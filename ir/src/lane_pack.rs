@@ -478,6 +478,7 @@ fn group(
                 Op::BroadcastGroup {
                     dst: regs.a_group,
                     addr,
+                    lanes: 4,
                 }
             });
         }
@@ -702,6 +703,7 @@ fn gather_b(
                     dst: b,
                     addr,
                     group: group as u8,
+                    lanes: 4,
                 }),
             }
         }

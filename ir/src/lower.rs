@@ -84,6 +84,12 @@ struct DotTail {
     sums: i64,
     /// The mask of k's last group of lanes, when it is partial.
     k_mask: Option<Mask>,
+    /// A packed tail's steps of k per vector (`lanes / rows`), or None for dot products.
+    /// Lane `group * r + t` of a group of op(A) holds op(A)[row r, step t of the group]; the
+    /// last group ends at k, its lanes of steps the one before has zero. A not transposed,
+    /// each group is built in a register as the tail needs it; transposed, they are
+    /// gathered at `a_row`, one vector each (`a_row_bytes` apart).
+    group: Option<usize>,
 }
 
 /// Loop-carried general registers, one per role, so that sibling blocks reuse them.
@@ -239,21 +245,45 @@ impl Lowering<'_> {
         };
         if self.s.dot_tail && p.alpha != Scalar::Zero {
             let rows = p.m % self.lanes;
-            // After the scalars and the packed panel: A's rows, then the sums.
+            let group = crate::schedule::packed_tail_group(rows, self.lanes, p.k);
+            // After the scalars and the packed panel: A's rows (or groups), then the sums.
             let a_row = scratch_bytes.max(PANEL_OFFSET);
-            let a_row_bytes = p.k.div_ceil(self.lanes) as i64 * 64;
-            // A transposed: its rows are read in place.
-            let gathered = (p.trans_a == Trans::N) as i64 * rows as i64 * a_row_bytes;
+            let (a_row_bytes, gathered) = match group {
+                Some(_) if packs_in_registers(p) => (64, 0),
+                Some(group) => (64, p.k.div_ceil(group) as i64 * 64),
+                None => {
+                    let bytes = p.k.div_ceil(self.lanes) as i64 * 64;
+                    // A transposed: its rows are read in place.
+                    (bytes, (p.trans_a == Trans::N) as i64 * rows as i64 * bytes)
+                }
+            };
             let sums = a_row + gathered;
             scratch_bytes = sums + (p.n * rows).div_ceil(self.lanes) as i64 * 64;
             let rest = p.k % self.lanes;
-            let k_mask = if rest != 0 { self.b_mask(rest) } else { None };
+            let k_mask = if rest != 0 && group.is_none() {
+                self.b_mask(rest)
+            } else {
+                None
+            };
+            let gathers = group.is_some() && !packs_in_registers(p);
+            if let Some(group) = group.filter(|&g| gathers && p.k % g != 0) {
+                // The last group's lanes of steps the one before has: zero once, for good
+                // (the gathers never write them).
+                let last = a_row + (p.k / group) as i64 * 64;
+                setup.push(Op::Zero { dst: VReg(0) });
+                setup.push(Op::Store {
+                    addr: addr(Cursor::at(Gpr::SCRATCH).plus(last))?,
+                    src: VReg(0),
+                    mask: None,
+                });
+            }
             self.dot = Some(DotTail {
                 rows,
                 a_row,
                 a_row_bytes,
                 sums,
                 k_mask,
+                group,
             });
             let needed = self.s.dot_tail_registers(p, self.target);
             self.vregs_used = self.vregs_used.max(needed);
@@ -528,9 +558,13 @@ impl Lowering<'_> {
     fn rows(&mut self, out: &mut Vec<Op>) -> Result<(), LowerError> {
         let p = self.p;
         let dot = self.dot;
-        if let (Some(d), Trans::N) = (dot, p.trans_a) {
-            // First, so that the row's stores are long retired when the tail loads it.
-            self.gather_dot_row(out, d)?;
+        // Gathers first, so that their stores are long retired when the tail loads them.
+        match dot {
+            Some(d) if d.group.is_some() && !packs_in_registers(p) => {
+                self.gather_packed_groups(out, d)?
+            }
+            Some(d) if d.group.is_none() && p.trans_a == Trans::N => self.gather_dot_row(out, d)?,
+            _ => {}
         }
         let m = p.m - dot.map_or(0, |d| d.rows);
         let mr = self.s.m_vectors * self.lanes;
@@ -557,9 +591,165 @@ impl Lowering<'_> {
             rem != 0,
         )?;
         match dot {
+            Some(d) if d.group.is_some() => self.packed_rows(out, d),
             Some(d) => self.dot_row(out, d),
             None => Ok(()),
         }
+    }
+
+    /// Copies op(A)'s last `d.rows` rows into a packed tail's groups in scratch memory
+    /// (see [`DotTail::group`]), a scalar at a time.
+    fn gather_packed_groups(&mut self, out: &mut Vec<Op>, d: DotTail) -> Result<(), LowerError> {
+        let (p, elt) = (self.p, self.elt);
+        let group = d.group.expect("a packed tail");
+        let a = self.loaded(out, self.bases[0], Role::RowA);
+        let (row_bytes, step_bytes) = match p.trans_a {
+            Trans::N => (elt, p.lda as i64 * elt),
+            Trans::T => (p.lda as i64 * elt, elt),
+        };
+        let first_row = p.m - d.rows;
+        // No block is live between matrices.
+        let t = VReg(0);
+        for q in 0..p.k.div_ceil(group) {
+            let start = packed_group_start(q, group, p.k);
+            for r in 0..d.rows {
+                // Steps the group before has stay zero.
+                for i in (q * group - start)..group {
+                    let from = (first_row + r) as i64 * row_bytes + (start + i) as i64 * step_bytes;
+                    out.push(Op::LoadScalar {
+                        dst: t,
+                        addr: addr(a.plus(from))?,
+                    });
+                    let to = d.a_row + q as i64 * d.a_row_bytes + (group * r + i) as i64 * elt;
+                    out.push(Op::StoreScalar {
+                        addr: addr(Cursor::at(Gpr::SCRATCH).plus(to))?,
+                        src: t,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// C's last `d.rows` rows as a packed tail: per block of columns, one sum per column
+    /// whose lanes hold (row, step) pairs; each group of A's rows FMAed with a broadcast of
+    /// the same steps of every column of B; then per `group` columns a tree of
+    /// transpose-adds sums the steps and a permute puts the sums in column order, stored to
+    /// scratch for the rows' blocks to take into the usual epilogue.
+    fn packed_rows(&mut self, out: &mut Vec<Op>, d: DotTail) -> Result<(), LowerError> {
+        let (p, elt, lanes) = (self.p, self.elt, self.lanes);
+        let group = d.group.expect("a packed tail");
+        let b = self.loaded(out, self.bases[1], Role::ColB);
+        let order = crate::program::grouped_transpose_add_order(elt as usize, lanes, group)
+            .ok_or(ScheduleError::DotTail("64-byte vectors (AVX-512) only"))?;
+        // Lane l of the sums (column l / rows, row l % rows) from the tree's lane with it.
+        let mut indices = [0u8; 16];
+        for (lane, &pair) in order.iter().enumerate() {
+            indices[pair] = lane as u8;
+        }
+        let block = crate::schedule::packed_tail_columns(p.n, group);
+        let sum = |j: usize| VReg(j as u8);
+        let [a_reg, b_reg, tmp, index, a_index] = [0, 1, 2, 3, 4].map(|i| VReg((block + i) as u8));
+        out.push(Op::Indices {
+            dst: index,
+            indices,
+        });
+        // Where the groups are built in registers: op(A)'s tail rows, and the indices that
+        // put the loads' lane `rows * t + r` (step t of row r) in place.
+        let a_rows = if packs_in_registers(p) {
+            let a = self.loaded(out, self.bases[0], Role::RowA);
+            let mut indices = [0u8; 16];
+            for (lane, index) in indices.iter_mut().enumerate().take(lanes) {
+                let (r, t) = (lane / group, lane % group);
+                *index = (d.rows * t + r) as u8;
+            }
+            out.push(Op::Indices {
+                dst: a_index,
+                indices,
+            });
+            Some(a.plus((p.m - d.rows) as i64 * elt))
+        } else {
+            None
+        };
+        let a_col = p.lda as i64 * elt;
+        let negate = p.alpha == Scalar::MinusOne;
+        let b_col = p.ldb as i64 * elt;
+        let scratch = Cursor::at(Gpr::SCRATCH);
+        for first in (0..p.n).step_by(block) {
+            let cols = block.min(p.n - first);
+            for j in 0..cols {
+                out.push(Op::Zero { dst: sum(j) });
+            }
+            for q in 0..p.k.div_ceil(group) {
+                let first_step = packed_group_start(q, group, p.k);
+                let start = first_step as i64 * elt;
+                if let Some(a_rows) = a_rows {
+                    // Steps the group before has stay zero.
+                    let skip = q * group - first_step;
+                    let column = |t: usize| addr(a_rows.plus((first_step + t) as i64 * a_col));
+                    if skip == 0 {
+                        push_at(
+                            out,
+                            Some((d.rows as i64 * elt) as u32),
+                            Op::Load {
+                                dst: a_reg,
+                                addr: column(0)?,
+                                mask: None,
+                            },
+                        );
+                    } else {
+                        out.push(Op::Zero { dst: a_reg });
+                    }
+                    for t in skip.max(1)..group {
+                        out.push(Op::InsertGroup {
+                            dst: a_reg,
+                            addr: column(t)?,
+                            group: t as u8,
+                            lanes: d.rows as u8,
+                        });
+                    }
+                    out.push(Op::PermuteVar {
+                        dst: a_reg,
+                        index: a_index,
+                        src: a_reg,
+                    });
+                } else {
+                    out.push(Op::Load {
+                        dst: a_reg,
+                        addr: addr(scratch.plus(d.a_row + q as i64 * d.a_row_bytes))?,
+                        mask: None,
+                    });
+                }
+                for j in 0..cols {
+                    out.push(Op::BroadcastGroup {
+                        dst: b_reg,
+                        addr: addr(b.plus((first + j) as i64 * b_col + start))?,
+                        lanes: group as u8,
+                    });
+                    out.push(Op::Fma {
+                        acc: sum(j),
+                        a: a_reg,
+                        b: b_reg,
+                        negate,
+                    });
+                }
+            }
+            for tree in (0..cols).step_by(group) {
+                let inputs = (0..group).map(|i| (sum(tree + i), tree + i < cols));
+                let folded = transpose_add_tree(out, inputs.collect(), tmp);
+                out.push(Op::PermuteVar {
+                    dst: folded,
+                    index,
+                    src: folded,
+                });
+                out.push(Op::Store {
+                    addr: addr(scratch.plus(d.sums + ((first + tree) * d.rows) as i64 * elt))?,
+                    src: folded,
+                    mask: None,
+                });
+            }
+        }
+        self.dot_epilogue(out, d)
     }
 
     /// Copies op(A)'s last `d.rows` rows (A not transposed: rows of A, lda apart) into
@@ -656,40 +846,23 @@ impl Lowering<'_> {
                     }
                 }
             }
-            // (register, holds a pair's sum) for each vector of the tree's current level.
-            let mut live: Vec<(VReg, bool)> = (0..lanes).map(input).zip(used).collect();
-            let mut width = lanes / 2;
-            while width >= 1 {
-                live = live
-                    .chunks(2)
-                    .map(|pair| {
-                        let [(a, a_used), (b, b_used)] = [pair[0], pair[1]];
-                        // An unused half folds its partner with itself: its lanes of the
-                        // result are unused too.
-                        let (dst, a, b) = match (a_used, b_used) {
-                            (true, true) => (a, a, b),
-                            (true, false) => (a, a, a),
-                            (false, true) => (b, b, b),
-                            (false, false) => return (a, false),
-                        };
-                        out.push(Op::TransposeAdd {
-                            dst,
-                            a,
-                            b,
-                            tmp,
-                            width: width as u8,
-                        });
-                        (dst, true)
-                    })
-                    .collect();
-                width /= 2;
-            }
+            let inputs = (0..lanes).map(input).zip(used).collect();
+            let folded = transpose_add_tree(out, inputs, tmp);
             out.push(Op::Store {
                 addr: addr(scratch.plus(d.sums + (first * rows) as i64 * elt))?,
-                src: live[0].0,
+                src: folded,
                 mask: None,
             });
         }
+        self.dot_epilogue(out, d)
+    }
+
+    /// The tail rows' blocks: their accumulators loaded from the sums in scratch, then the
+    /// usual epilogue.
+    fn dot_epilogue(&mut self, out: &mut Vec<Op>, d: DotTail) -> Result<(), LowerError> {
+        let (p, elt, rows) = (self.p, self.elt, d.rows);
+        let first_row = p.m - rows;
+        let scratch = Cursor::at(Gpr::SCRATCH);
         let c = self
             .loaded(out, self.bases[2], Role::ColC)
             .plus(first_row as i64 * elt);
@@ -1525,7 +1698,11 @@ fn shift_vregs(op: Op, shift: u8) -> Op {
             mask,
         },
         Op::Broadcast { dst, addr } => Op::Broadcast { dst: s(dst), addr },
-        Op::BroadcastGroup { dst, addr } => Op::BroadcastGroup { dst: s(dst), addr },
+        Op::BroadcastGroup { dst, addr, lanes } => Op::BroadcastGroup {
+            dst: s(dst),
+            addr,
+            lanes,
+        },
         Op::Indices { dst, indices } => Op::Indices {
             dst: s(dst),
             indices,
@@ -1535,10 +1712,16 @@ fn shift_vregs(op: Op, shift: u8) -> Op {
             index: s(index),
             src: s(src),
         },
-        Op::InsertGroup { dst, addr, group } => Op::InsertGroup {
+        Op::InsertGroup {
+            dst,
+            addr,
+            group,
+            lanes,
+        } => Op::InsertGroup {
             dst: s(dst),
             addr,
             group,
+            lanes,
         },
         Op::Permute { dst, src, select } => Op::Permute {
             dst: s(dst),
@@ -1595,6 +1778,51 @@ fn shift_vregs(op: Op, shift: u8) -> Op {
         },
         other => other,
     }
+}
+
+/// Whether a packed tail builds its groups of op(A) in a register from whole loads of the
+/// rows (A not transposed: `Op::InsertGroup`), rather than gathering them into scratch
+/// memory a scalar at a time (A transposed, each step of a row `lda` apart).
+fn packs_in_registers(p: &ColMajorProblem) -> bool {
+    p.trans_a == Trans::N
+}
+
+/// The first step of k of a packed tail's group `q` of `group` steps: the last group ends
+/// at k (overlapping the one before where k is not a multiple of the group), so that no
+/// load of B reaches past its column.
+fn packed_group_start(q: usize, group: usize, k: usize) -> usize {
+    (q * group).min(k - group)
+}
+
+/// Folds `inputs` (register, holds a sum) in neighbouring pairs with transpose-adds at
+/// chunk widths len/2 .. 1 into one register, returned. An input without a sum (whose
+/// lanes of the result are never read) is never read: its partner folds with itself.
+fn transpose_add_tree(out: &mut Vec<Op>, mut live: Vec<(VReg, bool)>, tmp: VReg) -> VReg {
+    let mut width = live.len() / 2;
+    while width >= 1 {
+        live = live
+            .chunks(2)
+            .map(|pair| {
+                let [(a, a_used), (b, b_used)] = [pair[0], pair[1]];
+                let (dst, a, b) = match (a_used, b_used) {
+                    (true, true) => (a, a, b),
+                    (true, false) => (a, a, a),
+                    (false, true) => (b, b, b),
+                    (false, false) => return (a, false),
+                };
+                out.push(Op::TransposeAdd {
+                    dst,
+                    a,
+                    b,
+                    tmp,
+                    width: width as u8,
+                });
+                (dst, true)
+            })
+            .collect();
+        width /= 2;
+    }
+    live[0].0
 }
 
 pub(crate) fn imm(bytes: i64) -> Result<i32, LowerError> {

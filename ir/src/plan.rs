@@ -94,6 +94,10 @@ fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> 
         return None;
     }
     let tail_rows = problem.m % lanes;
+    // Packed tails (four or eight rows) only where the tuning database asks for them.
+    if tail_rows > 2 {
+        return None;
+    }
     // Two rows only in 16 lanes (f32) where 512-bit operations run whole: f32 18x18x18
     // gained 15-19% on an Emerald Rapids Xeon, f64 10, 18 and 26 lost 1-7% (a tree sums
     // half as many columns there); unmeasured where they run as halves.

@@ -107,9 +107,11 @@ pub enum Op {
     StoreStream { addr: Addr, src: VReg },
     /// Every lane of dst = the scalar at addr.
     Broadcast { dst: VReg, addr: Addr },
-    /// Every group of four lanes of dst = the four consecutive scalars at addr (a vector of
-    /// four lanes is a plain load). Lane-packed kernels (`Schedule::lane_pack`).
-    BroadcastGroup { dst: VReg, addr: Addr },
+    /// Every group of `lanes` lanes of dst = the `lanes` consecutive scalars at addr (a
+    /// vector of `lanes` lanes is a plain load). Lane-packed kernels (`Schedule::lane_pack`,
+    /// groups of four) and packed tails (`Schedule::dot_tail`: several steps of k of B's
+    /// column against as many of A's rows).
+    BroadcastGroup { dst: VReg, addr: Addr, lanes: u8 },
     /// Within every group of four lanes, lane t of dst = lane `select[t]` of the same group
     /// of src (an in-register permute; lane-packed kernels).
     Permute {
@@ -122,9 +124,15 @@ pub enum Op {
     Indices { dst: VReg, indices: [u8; 16] },
     /// Lane i of dst = lane `index[i]` of src, across the whole vector (lane-packed 3x3x3).
     PermuteVar { dst: VReg, index: VReg, src: VReg },
-    /// Group `group` of four lanes of dst = the four consecutive scalars at addr; dst's
-    /// other lanes keep their values (lane-packed kernels gather B's columns this way).
-    InsertGroup { dst: VReg, addr: Addr, group: u8 },
+    /// Group `group` of `lanes` lanes of dst = the `lanes` consecutive scalars at addr;
+    /// dst's other lanes keep their values (lane-packed kernels gather B's columns this way,
+    /// four lanes a group; packed tails op(A)'s rows, as many lanes as rows).
+    InsertGroup {
+        dst: VReg,
+        addr: Addr,
+        group: u8,
+        lanes: u8,
+    },
     /// Lane 0 of dst = the scalar at addr (the other lanes become zero).
     LoadScalar { dst: VReg, addr: Addr },
     /// The scalar at addr = lane 0 of src.
@@ -391,12 +399,25 @@ pub fn transpose_add_operands(
 /// vectors of `elt`-byte elements folded in neighbouring pairs at widths lanes/2 .. 1.
 /// Every input appears once. None unless the vectors are 64 bytes.
 pub fn transpose_add_order(elt: usize, lanes: usize) -> Option<Vec<usize>> {
-    if elt * lanes != 64 {
+    grouped_transpose_add_order(elt, lanes, lanes)
+}
+
+/// The pair each lane of a tree of [`Op::TransposeAdd`] over `group` vectors sums, where
+/// each vector holds `lanes / group` pairs in groups of `group` neighbouring lanes (a
+/// packed tail's sums: pair = row, `group` steps of k each): `group` vectors folded in
+/// neighbouring pairs at widths group/2 .. 1 leave one vector whose every lane sums the
+/// `group` lanes of one pair. Pair `c * (lanes / group) + i` is vector c's pair i. Every
+/// pair appears once. None unless the vectors are 64 bytes and `group` divides `lanes`.
+pub fn grouped_transpose_add_order(elt: usize, lanes: usize, group: usize) -> Option<Vec<usize>> {
+    if elt * lanes != 64 || group == 0 || lanes % group != 0 {
         return None;
     }
-    // Each lane of each vector: (the input it comes from, how many of its lanes it sums).
-    let mut vectors: Vec<Vec<(usize, usize)>> = (0..lanes).map(|q| vec![(q, 1); lanes]).collect();
-    let mut width = lanes / 2;
+    let pairs = lanes / group;
+    // Each lane of each vector: (the pair it belongs to, how many of its lanes it sums).
+    let mut vectors: Vec<Vec<(usize, usize)>> = (0..group)
+        .map(|c| (0..lanes).map(|l| (c * pairs + l / group, 1)).collect())
+        .collect();
+    let mut width = group / 2;
     while width >= 1 {
         let [lo, hi] = transpose_add_shuffles(elt, width)?;
         let mut next = Vec::new();
@@ -419,7 +440,7 @@ pub fn transpose_add_order(elt: usize, lanes: usize) -> Option<Vec<usize>> {
         width /= 2;
     }
     let order: Vec<usize> = vectors[0].iter().map(|&(q, _)| q).collect();
-    let whole = vectors[0].iter().all(|&(_, n)| n == lanes);
+    let whole = vectors[0].iter().all(|&(_, n)| n == group);
     let mut seen = order.clone();
     seen.sort_unstable();
     (whole && seen.iter().copied().eq(0..lanes)).then_some(order)
@@ -507,15 +528,18 @@ impl fmt::Display for Program {
                     Op::Broadcast { dst, addr } => {
                         writeln!(f, "{pad}v{} = broadcast {addr}", dst.0)?
                     }
-                    Op::BroadcastGroup { dst, addr } => {
-                        writeln!(f, "{pad}v{} = broadcast.group4 {addr}", dst.0)?
+                    Op::BroadcastGroup { dst, addr, lanes } => {
+                        writeln!(f, "{pad}v{} = broadcast.group{lanes} {addr}", dst.0)?
                     }
                     Op::Permute { dst, src, select } => {
                         writeln!(f, "{pad}v{} = permute4 v{} {select:?}", dst.0, src.0)?
                     }
-                    Op::InsertGroup { dst, addr, group } => {
-                        writeln!(f, "{pad}v{}.group4[{group}] = load {addr}", dst.0)?
-                    }
+                    Op::InsertGroup {
+                        dst,
+                        addr,
+                        group,
+                        lanes,
+                    } => writeln!(f, "{pad}v{}.group{lanes}[{group}] = load {addr}", dst.0)?,
                     Op::Indices { dst, indices } => {
                         writeln!(f, "{pad}v{} = indices {indices:?}", dst.0)?
                     }

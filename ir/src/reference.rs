@@ -485,10 +485,12 @@ pub fn variant_cases() -> Vec<MatrixCase> {
     cases
 }
 
-/// The cases dot-product tails (`Schedule::dot_tail`) are checked on: m one more than a
-/// multiple of the lanes (m = 1 too), k below, at and past a vector, n past the lanes, each
-/// alpha/beta kind and one fixed pair, A transposed or not in turn, the paddings and batch
-/// lengths in turn; column-major.
+/// The cases dot-product tails (`Schedule::dot_tail`) are checked on: m one or two more than
+/// a multiple of the lanes (m = 1 and 2 too), k below, at and past a vector, n past the
+/// lanes; packed tails with four rows past a multiple (m = 4 too) or eight (f32), k a
+/// multiple of the group or not, n past one block of sums; each alpha/beta kind and one
+/// fixed pair, A transposed or not in turn, the paddings and batch lengths in turn;
+/// column-major.
 pub fn dot_tail_cases() -> Vec<MatrixCase> {
     let shapes = [
         (Dtype::F64, 9, 9, 9),
@@ -505,6 +507,13 @@ pub fn dot_tail_cases() -> Vec<MatrixCase> {
         (Dtype::F32, 18, 18, 18),
         (Dtype::F32, 34, 9, 21),
         (Dtype::F32, 2, 17, 33),
+        // Packed tails.
+        (Dtype::F64, 12, 12, 12),
+        (Dtype::F64, 28, 27, 7),
+        (Dtype::F64, 4, 9, 5),
+        (Dtype::F32, 20, 20, 20),
+        (Dtype::F32, 24, 26, 9),
+        (Dtype::F32, 4, 33, 6),
     ];
     let scalars = MATRIX_ALPHAS
         .into_iter()

@@ -55,11 +55,17 @@ pub struct Schedule {
     /// split_tail, interleave) do not apply; `batch_unroll` counts vectors of C.
     #[serde(default)]
     pub lane_pack: bool,
-    /// With m one or two more than a multiple of the lanes, compute C's last rows as dot
-    /// products of op(A)'s last rows with B's columns (vectors along k, several columns
+    /// With m one more than a multiple of the lanes (two in f32), compute C's last rows as
+    /// dot products of op(A)'s last rows with B's columns (vectors along k, several columns
     /// summed across lanes at once by `Op::TransposeAdd`) instead of with a tail vector of
     /// one or two lanes, which costs as many FMAs as a full one: AVX-512 with 64-byte
     /// vectors, B not transposed. The register blocks cover the other rows.
+    ///
+    /// With two (f64), four or eight rows past a multiple (fewer than the lanes), a packed
+    /// tail instead: each lane of one vector per column holds a (row, step of k) pair, the
+    /// rows' `lanes / rows` steps side by side, so that one FMA does that many steps of the
+    /// tail (op(B)'s steps broadcast as a group); a short tree of transpose-adds sums the
+    /// steps.
     #[serde(default)]
     pub dot_tail: bool,
     /// Hold the block's elements of op(B) for a step of k in registers, one broadcast per
@@ -315,10 +321,15 @@ impl Schedule {
     }
 
     /// Vector registers of a dot-product tail: one sum per lane, A's rows, B's column and
-    /// the shuffle's temporary.
+    /// the shuffle's temporary; a packed tail's: one sum per column of a block, A's group,
+    /// B's group, the temporary and the indices of two permutes.
     pub fn dot_tail_registers(&self, problem: &ColMajorProblem, target: Target) -> usize {
         let lanes = self.lanes(target, problem.dtype);
-        lanes + problem.m % lanes + 2
+        let rows = problem.m % lanes;
+        match packed_tail_group(rows, lanes, problem.k) {
+            Some(group) => packed_tail_columns(problem.n, group) + 5,
+            None => lanes + rows + 2,
+        }
     }
 
     /// The checks register-blocked and lane-packed schedules share: matrices per trip and
@@ -345,16 +356,42 @@ pub(crate) fn dot_tail_unfit(
     target: Target,
     vector_bytes: usize,
 ) -> Option<&'static str> {
+    let lanes = vector_bytes / problem.dtype.size();
+    let rows = problem.m % lanes;
     if target.isa != Isa::Avx512 || vector_bytes != 64 {
         Some("64-byte vectors (AVX-512) only")
-    } else if ![1, 2].contains(&(problem.m % (vector_bytes / problem.dtype.size()))) {
-        // Four rows lost 8-30% wherever measured (f64 12, 20, 28; f32 20).
-        Some("m must be one or two more than a multiple of the lanes")
+    } else if ![1, 2, 4, 8].contains(&rows) {
+        // Four rows as dot products lost 8-30% wherever measured (f64 12, 20, 28; f32 20):
+        // they are packed instead.
+        Some("m must be 1, 2, 4 or 8 more than a multiple of the lanes")
+    } else if rows > 2 && packed_tail_group(rows, lanes, problem.k).is_none() {
+        Some("a packed tail needs k of at least lanes / (m mod lanes)")
     } else if problem.trans_b == Trans::T {
         Some("B's columns must be contiguous (B not transposed)")
     } else {
         None
     }
+}
+
+/// Steps of k per vector of a packed tail ([`Schedule::dot_tail`]) of `rows` rows in
+/// 64-byte vectors of `lanes`: rows a power of two below the lanes whose elements fill at
+/// least 16 bytes (a piece the tail's loads insert whole: f64 2 and 4, f32 4 and 8), and k
+/// at least one group. None where C's tail rows are dot products (one row, two f32, or two
+/// f64 with k short of a group) or take no tail of this kind.
+pub(crate) fn packed_tail_group(rows: usize, lanes: usize, k: usize) -> Option<usize> {
+    let bytes = rows * 64 / lanes;
+    let group = lanes / rows.max(1);
+    (rows.is_power_of_two() && rows < lanes && bytes >= 16 && k >= group).then_some(group)
+}
+
+/// Columns of C per block of a packed tail over `n` columns with `group` steps of k a
+/// vector: whole trees of `group` columns, at most 24 (the sums' registers), in blocks as
+/// even as that allows.
+pub(crate) fn packed_tail_columns(n: usize, group: usize) -> usize {
+    const MOST: usize = 24;
+    let n = n.div_ceil(group) * group;
+    let blocks = n.div_ceil(MOST);
+    n.div_ceil(blocks).div_ceil(group) * group
 }
 
 /// Whether `needed` vector registers fit `target`'s register file.

@@ -483,7 +483,10 @@ fn narrowed_tails_load_and_store_at_their_width() {
 /// Dot-product tails (`Schedule::dot_tail`) through the interpreter: m one or two more than
 /// a multiple of the lanes (m = 1 and 2 included), k short of, equal to and past a vector, more
 /// columns than lanes, every transpose of A, all alpha and beta kinds, pointer-free strided
-/// batches with padded leading dimensions, and blocks in every loop form.
+/// batches with padded leading dimensions, and blocks in every loop form. Packed tails the
+/// same way: four rows past a multiple (and m = 4), eight in f32, k a multiple of the
+/// group's steps or not (the last group overlapping), at the group, and more columns than
+/// one block of sums holds.
 #[test]
 fn dot_product_tails_compute_the_reference() {
     let mut seed = 5000;
@@ -502,6 +505,12 @@ fn dot_product_tails_compute_the_reference() {
                 (2 * lanes + 2, 3, lanes + 5),
                 (lanes + 2, lanes / 2 + 3, lanes - 1),
                 (2, 1, 2 * lanes + 1),
+                (lanes + 4, lanes + 4, lanes + 4),
+                (4, 27, 5),
+                (2 * lanes + 4, 7, lanes / 4),
+                (lanes + 4, 1, 2 * lanes + 3),
+                (lanes * 3 / 2, 26, 3),
+                (lanes * 3 / 2, 3, 2),
             ] {
                 let planned = smallgemm_ir::plan(
                     &GemmSpec::builder(dtype, m, n, k)

@@ -129,6 +129,34 @@ fn avx512_sums_the_dot_tail_across_lanes() {
     );
 }
 
+/// f64 12x6x5 on AVX-512 with a packed tail: rows 8..11 as one vector per column whose
+/// lanes pair each row with two steps of k (A's two columns loaded whole, inserted and
+/// permuted; B's two steps broadcast as a 128-bit group), the last pair overlapping the one
+/// before with its first step zero (k odd); one transpose-add and a permute per two
+/// columns sum the steps into column order.
+#[test]
+fn avx512_packs_the_tail_rows_with_steps_of_k() {
+    let spec = GemmSpec::builder(smallgemm::Dtype::F64, 12, 6, 5)
+        .beta(smallgemm::Scalar::One)
+        .build()
+        .unwrap();
+    let target = Target::new(Isa::Avx512);
+    let planned = generate(&spec, target, None).unwrap().schedule;
+    let packed = smallgemm::Schedule {
+        dot_tail: true,
+        ..planned
+    };
+    let generated = generate(&spec, target, Some(&packed)).unwrap();
+    let text = listing(Isa::Avx512, &generated.code);
+    for wanted in ["vbroadcastf64x2", "vinsertf64x4", "vpermpd", "vshufpd"] {
+        assert!(text.contains(wanted), "{wanted}: {text}");
+    }
+    insta::assert_snapshot!(
+        "program_avx512_d_12x6x5_packed_tail",
+        generated.program.to_string()
+    );
+}
+
 /// AVX2 on AMD (`Target::AVX2_AMD`): masked stores are microcoded there, so the tails of C
 /// leave in whole pieces: f64 7 rows as 4 + 3 (16 bytes, the upper half moved down, 8
 /// bytes), f32 3 rows (one masked vector, not the planner's split) as 8 bytes and lane 2 by
