@@ -82,8 +82,12 @@ const DOT_TAIL_MIN_SAVING: f64 = 40.0;
 const DOT_TAIL_MIN_SAVING_WHOLE: f64 = 80.0;
 const DOT_TAIL_MIN_SAVING_ALONE: f64 = 200.0;
 
+/// The least k for which the planner packs C's tail rows ([`plan_dot_tail`]).
+const PACKED_TAIL_MIN_K: usize = 16;
+
 /// The schedule with a dot-product tail ([`Schedule::dot_tail`]) where it applies and
-/// saves enough FMAs ([`DOT_TAIL_MIN_SAVING`] and the bars after it): the planner's 64-byte
+/// saves enough FMAs ([`dot_tail_saves_enough`]), or a packed one where k is long enough
+/// ([`PACKED_TAIL_MIN_K`]): the planner's 64-byte
 /// blocks for the rows above the tail, fully unrolled or looped as they would be, one
 /// matrix a trip.
 fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> {
@@ -94,20 +98,58 @@ fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> 
         return None;
     }
     let tail_rows = problem.m % lanes;
-    // Packed tails (four or eight rows) only where the tuning database asks for them.
-    if tail_rows > 2 {
+    let packed = crate::schedule::packed_tail_group(tail_rows, lanes, problem.k).is_some();
+    if packed {
+        // Packed tails paid from k = 16 on this Xeon (tuned against the best blocks:
+        // f64 10x10x40 1.18x, 18x32x16 1.10x, 26x12x26 1.11x, 4x16x16 1.17x; f32 24x24x16
+        // 1.09x, 24x24x32 1.23x, 20x9x30 1.18x, 36x20x20 1.20x), not below it (f64 10, 12,
+        // 20x20x8; f32 8, 24x24x8, 40x17x12); unmeasured where 512-bit operations run as
+        // halves, which narrow the tail vector they replace.
+        if target.halves_512 || problem.k < PACKED_TAIL_MIN_K {
+            return None;
+        }
+        // Lane packing does the 4x4xk it takes better (f32 4x4x16 56 GFLOP/s against 45).
+        if problem.m == tail_rows && crate::lane_pack::plan(problem, target).is_some() {
+            return None;
+        }
+    } else if !dot_tail_saves_enough(problem, target) {
         return None;
     }
+    let rows = ColMajorProblem {
+        m: (problem.m - tail_rows).max(lanes),
+        ..*problem
+    };
+    let (_, mut s) = best_block(&rows, target, target.vector_bytes())?;
+    if problem.m == tail_rows {
+        // No rows above: the blocks only hand the row's sums to the epilogue.
+        s.m_vectors = 1;
+    } else {
+        choose_unrolling(&rows, target, &mut s);
+    }
+    // One matrix a trip, not interleaved: `best_block`'s, which these keep.
+    let s = Schedule {
+        dot_tail: true,
+        ..s
+    };
+    s.validate(problem, target).is_ok().then_some(s)
+}
+
+/// Whether C's last rows as dot products ([`Schedule::dot_tail`], one row, or two in f32)
+/// save enough FMAs over a tail vector ([`DOT_TAIL_MIN_SAVING`] and the bars after it).
+fn dot_tail_saves_enough(problem: &ColMajorProblem, target: Target) -> bool {
+    let lanes = 64 / problem.dtype.size();
+    let tail_rows = problem.m % lanes;
     // Two rows only in 16 lanes (f32) where 512-bit operations run whole: f32 18x18x18
     // gained 15-19% on an Emerald Rapids Xeon, f64 10, 18 and 26 lost 1-7% (a tree sums
-    // half as many columns there); unmeasured where they run as halves.
+    // half as many columns there; f64's two rows are packed instead where k allows);
+    // unmeasured where they run as halves.
     if tail_rows == 2 && (lanes != 16 || target.halves_512) {
-        return None;
+        return false;
     }
     // With no rows above, two rows lost where k fits one vector (f32 2x16x16 5%, 2x24x12
     // 16%) and gained past it (2x9x40 27%, 2x32x32 1.97x).
     if problem.m == 2 && problem.k <= lanes {
-        return None;
+        return false;
     }
     // A tail's FMAs cost a full vector's, or half of one where 512-bit operations run as
     // halves (the tail is narrowed there, see `Target::narrow_tail_bytes`).
@@ -129,26 +171,7 @@ fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> 
         (false, 1, _) => DOT_TAIL_MIN_SAVING_WHOLE,
         _ => DOT_TAIL_MIN_SAVING,
     };
-    if saving < min_saving {
-        return None;
-    }
-    let rows = ColMajorProblem {
-        m: (problem.m - tail_rows).max(lanes),
-        ..*problem
-    };
-    let (_, mut s) = best_block(&rows, target, target.vector_bytes())?;
-    if problem.m == tail_rows {
-        // No rows above: the blocks only hand the row's sums to the epilogue.
-        s.m_vectors = 1;
-    } else {
-        choose_unrolling(&rows, target, &mut s);
-    }
-    // One matrix a trip, not interleaved: `best_block`'s, which these keep.
-    let s = Schedule {
-        dot_tail: true,
-        ..s
-    };
-    s.validate(problem, target).is_ok().then_some(s)
+    saving >= min_saving
 }
 
 /// The cheapest register block (and its estimated cycles) with vectors of `width` bytes;
@@ -758,10 +781,18 @@ mod tests {
             (Dtype::F32, (2, 16, 16), target, false),
             (Dtype::F32, (18, 32, 8), target, false),
             (Dtype::F32, (18, 18, 18), halves, false),
-            (Dtype::F64, (18, 18, 18), target, false),
-            (Dtype::F64, (26, 26, 26), target, false),
-            (Dtype::F32, (20, 20, 20), target, false),
+            // Packed tails from k = 16, where 512-bit operations run whole.
+            (Dtype::F64, (18, 18, 18), target, true),
+            (Dtype::F64, (26, 12, 26), target, true),
+            (Dtype::F64, (10, 10, 40), target, true),
+            (Dtype::F64, (4, 16, 16), target, true),
+            (Dtype::F32, (20, 20, 20), target, true),
+            (Dtype::F32, (24, 24, 16), target, true),
             (Dtype::F64, (12, 12, 12), target, false),
+            (Dtype::F64, (20, 20, 8), target, false),
+            (Dtype::F32, (24, 24, 8), target, false),
+            (Dtype::F64, (20, 20, 20), halves, false),
+            (Dtype::F32, (4, 4, 16), target, false),
         ] {
             let spec = GemmSpec::builder(dtype, m, n, k).build().unwrap();
             let planned = plan(&spec.col_major(), t);
