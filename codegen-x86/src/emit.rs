@@ -136,9 +136,8 @@ fn full_forms(isa: Isa, dtype: Dtype) -> Result<Forms, EmitError> {
     })
 }
 
-/// The lane-packed kernels' forms for `bytes`-byte vectors: the permute within groups of
-/// four lanes, and the load that repeats four elements across the vector (None where the
-/// width has none: the lowering loads a four-lane vector plainly).
+/// The lane-packed kernels' permute within groups of four lanes of `bytes`-byte vectors
+/// (None where the width has none).
 fn permute_form(isa: Isa, dtype: Dtype, bytes: usize) -> Option<VForm> {
     use enc::*;
     let evex = isa == Isa::Avx512;
@@ -173,8 +172,8 @@ fn group_broadcast_form(isa: Isa, dtype: Dtype, bytes: usize, group: u8) -> Opti
     }
 }
 
-/// The lane-packed kernels' insert of a group of four elements from memory into a
-/// `bytes`-byte vector, where the vector has more than one group.
+/// The insert of a group of `group` elements from memory into a `bytes`-byte vector that
+/// has more than one such group (`Op::InsertGroup`).
 fn insert_form(isa: Isa, dtype: Dtype, bytes: usize, group: u8) -> Option<VForm> {
     use enc::*;
     let group_bytes = group as usize * dtype.size();

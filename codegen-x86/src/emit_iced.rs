@@ -901,7 +901,7 @@ impl<'a> Emitter<'a> {
     }
 }
 
-/// The lane-packed kernels' permute and group broadcast for `bytes`-byte vectors.
+/// The lane-packed kernels' permute within groups of four lanes of `bytes`-byte vectors.
 fn permute_code(isa: Isa, dtype: Dtype, bytes: usize) -> Option<Code> {
     use Code::*;
     let evex = isa == Isa::Avx512;
@@ -938,7 +938,8 @@ fn group_broadcast_code(isa: Isa, dtype: Dtype, bytes: usize, group: u8) -> Opti
     }
 }
 
-/// The lane-packed kernels' insert of four elements from memory into one group.
+/// The insert of a group of `group` elements from memory into one group of a vector
+/// (`Op::InsertGroup`); the same choices as the other encoder's.
 fn insert_code(isa: Isa, dtype: Dtype, bytes: usize, group: u8) -> Option<Code> {
     use Code::*;
     let group_bytes = group as usize * dtype.size();
