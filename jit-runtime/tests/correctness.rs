@@ -539,6 +539,37 @@ fn streaming_batches_run_the_streaming_variant() {
     }
 }
 
+/// A tuned schedule that prefetches still streams through a variant where it has a packed
+/// or dot-product tail (those stream slower), and that variant computes the reference.
+#[test]
+fn prefetching_tails_stream_through_a_variant() {
+    let Some(jit) = jit(Isa::Avx512) else { return };
+    for (dtype, n) in [(Dtype::F64, 20), (Dtype::F32, 17)] {
+        let spec = GemmSpec::builder(dtype, n, n, n)
+            .beta(Scalar::One)
+            .build()
+            .unwrap();
+        let planned = smallgemm::generate(&spec, jit.target(), None)
+            .unwrap()
+            .schedule;
+        let tuned = Schedule {
+            prefetch: true,
+            ..smallgemm_ir::reference::with_dot_tail(planned)
+        };
+        let mut db = smallgemm::tuning::TuningDb::default();
+        db.insert(jit.target().isa, &spec, tuned);
+        let jit = Jit::with_target(jit.target()).unwrap().with_tuning(db);
+        let kernel = jit.kernel(&spec).unwrap();
+        assert_eq!(*kernel.schedule(), tuned, "{}", spec.name());
+        let batch = (24 << 20) / (3 * n * n * dtype.size());
+        assert!(kernel.streams(batch), "{} x {batch}", spec.name());
+        match dtype {
+            Dtype::F64 => common::check_spec::<f64>(&jit, &spec, batch, 79),
+            _ => common::check_spec::<f32>(&jit, &spec, batch, 80),
+        }
+    }
+}
+
 /// Batch strides of 0 reuse one A or B for every matrix.
 /// Batches of small matrices that the hot schedule lane-packs stream through a plain register
 /// block on AVX-512 where its columns need no masked access (f64 2x2x2, 4x4x4), and stay
