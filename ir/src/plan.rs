@@ -108,6 +108,12 @@ fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> 
         if target.halves_512 || problem.k < PACKED_TAIL_MIN_K {
             return None;
         }
+        // The tail's steps are unrolled: a broadcast and an FMA per column and group of
+        // steps, within the budget of unrolled blocks (f64 100x40x90 would take 3600).
+        let group = lanes / tail_rows;
+        if 2 * problem.n * problem.k.div_ceil(group) > UNROLL_BUDGET {
+            return None;
+        }
         // Lane packing does the 4x4xk it takes better (f32 4x4x16 56 GFLOP/s against 45).
         if problem.m == tail_rows && crate::lane_pack::plan(problem, target).is_some() {
             return None;
@@ -793,6 +799,7 @@ mod tests {
             (Dtype::F32, (24, 24, 8), target, false),
             (Dtype::F64, (20, 20, 20), halves, false),
             (Dtype::F32, (4, 4, 16), target, false),
+            (Dtype::F64, (100, 40, 90), target, false),
         ] {
             let spec = GemmSpec::builder(dtype, m, n, k).build().unwrap();
             let planned = plan(&spec.col_major(), t);
