@@ -92,6 +92,15 @@ struct DotTail {
     group: Option<usize>,
 }
 
+/// The vector registers a packed tail's groups pass through: op(A)'s group, op(B)'s
+/// broadcast, and the indices that put A's loads in place.
+#[derive(Clone, Copy, Debug)]
+struct PackedRegs {
+    a: VReg,
+    b: VReg,
+    a_index: VReg,
+}
+
 /// Loop-carried general registers, one per role, so that sibling blocks reuse them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Role {
@@ -671,68 +680,56 @@ impl Lowering<'_> {
         } else {
             None
         };
+        let regs = PackedRegs {
+            a: a_reg,
+            b: b_reg,
+            a_index,
+        };
         let a_col = p.lda as i64 * elt;
-        let negate = p.alpha == Scalar::MinusOne;
-        let b_col = p.ldb as i64 * elt;
         let scratch = Cursor::at(Gpr::SCRATCH);
+        // Each group's op(A): the tail rows at its first step, or its gathered vector.
+        let (a_first, a_group) = match a_rows {
+            Some(a_rows) => (a_rows, group as i64 * a_col),
+            None => (scratch.plus(d.a_row), d.a_row_bytes),
+        };
+        // Whole groups unrolled, or, where the blocks loop over k and the groups' broadcasts
+        // and FMAs would pass the planner's unrolling budget, in a loop of the blocks' steps
+        // of k (rounded up to groups); then the last one overlapping them where k is not a
+        // multiple of the group.
+        let whole = p.k / group;
+        let unrolled_ops = 2 * p.n * p.k.div_ceil(group);
+        let k_unroll = match self.s.k_unroll {
+            u if u > 0 && unrolled_ops > crate::plan::UNROLL_BUDGET => u.div_ceil(group),
+            _ => 0,
+        };
         for first in (0..p.n).step_by(block) {
             let cols = block.min(p.n - first);
             for j in 0..cols {
                 out.push(Op::Zero { dst: sum(j) });
             }
-            for q in 0..p.k.div_ceil(group) {
-                let first_step = packed_group_start(q, group, p.k);
-                let start = first_step as i64 * elt;
-                if let Some(a_rows) = a_rows {
-                    // Steps the group before has stay zero.
-                    let skip = q * group - first_step;
-                    let column = |t: usize| addr(a_rows.plus((first_step + t) as i64 * a_col));
-                    if skip == 0 {
-                        push_at(
-                            out,
-                            Some((d.rows as i64 * elt) as u32),
-                            Op::Load {
-                                dst: a_reg,
-                                addr: column(0)?,
-                                mask: None,
-                            },
-                        );
-                    } else {
-                        out.push(Op::Zero { dst: a_reg });
-                    }
-                    for t in skip.max(1)..group {
-                        out.push(Op::InsertGroup {
-                            dst: a_reg,
-                            addr: column(t)?,
-                            group: t as u8,
-                            lanes: d.rows as u8,
-                        });
-                    }
-                    out.push(Op::PermuteVar {
-                        dst: a_reg,
-                        index: a_index,
-                        src: a_reg,
-                    });
-                } else {
-                    out.push(Op::Load {
-                        dst: a_reg,
-                        addr: addr(scratch.plus(d.a_row + q as i64 * d.a_row_bytes))?,
-                        mask: None,
-                    });
-                }
-                for j in 0..cols {
-                    out.push(Op::BroadcastGroup {
-                        dst: b_reg,
-                        addr: addr(b.plus((first + j) as i64 * b_col + start))?,
-                        lanes: group as u8,
-                    });
-                    out.push(Op::Fma {
-                        acc: sum(j),
-                        a: a_reg,
-                        b: b_reg,
-                        negate,
-                    });
-                }
+            let b_first = b.plus(first as i64 * p.ldb as i64 * elt);
+            let b_group = group as i64 * elt;
+            let [a_end, b_end] = self.steps(
+                out,
+                (whole, k_unroll),
+                a_first,
+                a_group,
+                b_first,
+                b_group,
+                |l, out, a, b| l.packed_group(out, d, regs, a, b, cols, 0),
+            )?;
+            if p.k % group != 0 {
+                // Back to the group's first step, k - group; its steps before `skip` are
+                // the whole groups' last ones.
+                let skip = group - p.k % group;
+                let (a, b) = match a_rows {
+                    Some(_) => (
+                        a_end.plus(-(skip as i64) * a_col),
+                        b_end.plus(-(skip as i64) * elt),
+                    ),
+                    None => (a_end, b_end.plus(-(skip as i64) * elt)),
+                };
+                self.packed_group(out, d, regs, a, b, cols, skip)?;
             }
             for tree in (0..cols).step_by(group) {
                 let inputs = (0..group).map(|i| (sum(tree + i), tree + i < cols));
@@ -750,6 +747,72 @@ impl Lowering<'_> {
             }
         }
         self.dot_epilogue(out, d)
+    }
+
+    /// One group of a packed tail's steps for `cols` columns: its op(A) in a register
+    /// (built from the tail rows at `a`, their first `skip` steps zero, or loaded from its
+    /// gathered vector at `a`), FMAed with a broadcast of the same steps of each column of
+    /// op(B) from `b` on.
+    #[allow(clippy::too_many_arguments)]
+    fn packed_group(
+        &mut self,
+        out: &mut Vec<Op>,
+        d: DotTail,
+        regs: PackedRegs,
+        a: Cursor,
+        b: Cursor,
+        cols: usize,
+        skip: usize,
+    ) -> Result<(), LowerError> {
+        let (p, elt) = (self.p, self.elt);
+        let group = d.group.expect("a packed tail");
+        if packs_in_registers(p) {
+            let column = |t: usize| addr(a.plus(t as i64 * p.lda as i64 * elt));
+            if skip == 0 {
+                let load = Op::Load {
+                    dst: regs.a,
+                    addr: column(0)?,
+                    mask: None,
+                };
+                push_at(out, Some((d.rows as i64 * elt) as u32), load);
+            } else {
+                out.push(Op::Zero { dst: regs.a });
+            }
+            for t in skip.max(1)..group {
+                out.push(Op::InsertGroup {
+                    dst: regs.a,
+                    addr: column(t)?,
+                    group: t as u8,
+                    lanes: d.rows as u8,
+                });
+            }
+            out.push(Op::PermuteVar {
+                dst: regs.a,
+                index: regs.a_index,
+                src: regs.a,
+            });
+        } else {
+            out.push(Op::Load {
+                dst: regs.a,
+                addr: addr(a)?,
+                mask: None,
+            });
+        }
+        let b_col = p.ldb as i64 * elt;
+        for j in 0..cols {
+            out.push(Op::BroadcastGroup {
+                dst: regs.b,
+                addr: addr(b.plus(j as i64 * b_col))?,
+                lanes: group as u8,
+            });
+            out.push(Op::Fma {
+                acc: VReg(j as u8),
+                a: regs.a,
+                b: regs.b,
+                negate: p.alpha == Scalar::MinusOne,
+            });
+        }
+        Ok(())
     }
 
     /// Copies op(A)'s last `d.rows` rows (A not transposed: rows of A, lda apart) into

@@ -514,6 +514,9 @@ pub fn dot_tail_cases() -> Vec<MatrixCase> {
         (Dtype::F32, 20, 20, 20),
         (Dtype::F32, 24, 26, 9),
         (Dtype::F32, 4, 33, 6),
+        // Groups in a loop (past the unrolling budget, with the blocks' k loop).
+        (Dtype::F64, 20, 40, 45),
+        (Dtype::F32, 24, 30, 41),
     ];
     let scalars = MATRIX_ALPHAS
         .into_iter()
