@@ -255,11 +255,12 @@ impl Lowering<'_> {
         if self.s.dot_tail && p.alpha != Scalar::Zero {
             let rows = p.m % self.lanes;
             let group = crate::schedule::packed_tail_group(rows, self.lanes, p.k);
+            let gathers = group.is_some() && !packs_in_registers(p);
             // After the scalars and the packed panel: A's rows (or groups), then the sums.
             let a_row = scratch_bytes.max(PANEL_OFFSET);
             let (a_row_bytes, gathered) = match group {
-                Some(_) if packs_in_registers(p) => (64, 0),
-                Some(group) => (64, p.k.div_ceil(group) as i64 * 64),
+                Some(group) if gathers => (64, p.k.div_ceil(group) as i64 * 64),
+                Some(_) => (64, 0),
                 None => {
                     let bytes = p.k.div_ceil(self.lanes) as i64 * 64;
                     // A transposed: its rows are read in place.
@@ -274,7 +275,6 @@ impl Lowering<'_> {
             } else {
                 None
             };
-            let gathers = group.is_some() && !packs_in_registers(p);
             if let Some(group) = group.filter(|&g| gathers && p.k % g != 0) {
                 // The last group's lanes of steps the one before has: zero once, for good
                 // (the gathers never write them).
@@ -697,7 +697,7 @@ impl Lowering<'_> {
         // of k (rounded up to groups); then the last one overlapping them where k is not a
         // multiple of the group.
         let whole = p.k / group;
-        let unrolled_ops = 2 * p.n * p.k.div_ceil(group);
+        let unrolled_ops = crate::schedule::packed_tail_unrolled_ops(p.n, p.k, group);
         let k_unroll = match self.s.k_unroll {
             u if u > 0 && unrolled_ops > crate::plan::UNROLL_BUDGET => u.div_ceil(group),
             _ => 0,

@@ -98,8 +98,7 @@ fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> 
         return None;
     }
     let tail_rows = problem.m % lanes;
-    let packed = crate::schedule::packed_tail_group(tail_rows, lanes, problem.k).is_some();
-    if packed {
+    if let Some(group) = crate::schedule::packed_tail_group(tail_rows, lanes, problem.k) {
         // Packed tails paid from k = 16 on this Xeon (tuned against the best blocks:
         // f64 10x10x40 1.18x, 18x32x16 1.10x, 26x12x26 1.11x, 4x16x16 1.17x; f32 24x24x16
         // 1.09x, 24x24x32 1.23x, 20x9x30 1.18x, 36x20x20 1.20x), not below it (f64 10, 12,
@@ -108,10 +107,9 @@ fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> 
         if target.halves_512 || problem.k < PACKED_TAIL_MIN_K {
             return None;
         }
-        // The tail's steps are unrolled: a broadcast and an FMA per column and group of
-        // steps, within the budget of unrolled blocks (f64 100x40x90 would take 3600).
-        let group = lanes / tail_rows;
-        if 2 * problem.n * problem.k.div_ceil(group) > UNROLL_BUDGET {
+        // Within the budget of unrolled blocks (f64 100x40x90 would take 3600).
+        let ops = crate::schedule::packed_tail_unrolled_ops(problem.n, problem.k, group);
+        if ops > UNROLL_BUDGET {
             return None;
         }
         // Lane packing does the 4x4xk it takes better (f32 4x4x16 56 GFLOP/s against 45).

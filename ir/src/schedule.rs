@@ -360,7 +360,7 @@ pub(crate) fn dot_tail_unfit(
     let rows = problem.m % lanes;
     if target.isa != Isa::Avx512 || vector_bytes != 64 {
         Some("64-byte vectors (AVX-512) only")
-    } else if ![1, 2, 4, 8].contains(&rows) {
+    } else if rows == 0 || rows > 2 && packed_tail_group(rows, lanes, usize::MAX).is_none() {
         // Four rows as dot products lost 8-30% wherever measured (f64 12, 20, 28; f32 20):
         // they are packed instead.
         Some("m must be 1, 2, 4 or 8 more than a multiple of the lanes")
@@ -392,6 +392,13 @@ pub(crate) fn packed_tail_columns(n: usize, group: usize) -> usize {
     let n = n.div_ceil(group) * group;
     let blocks = n.div_ceil(MOST);
     n.div_ceil(blocks).div_ceil(group) * group
+}
+
+/// Operations of a packed tail's groups unrolled over `n` columns and `k` steps in groups
+/// of `group`: a broadcast and an FMA per column and group. The planner packs a tail only
+/// within its unrolling budget, and the lowering loops the groups past it.
+pub(crate) fn packed_tail_unrolled_ops(n: usize, k: usize, group: usize) -> usize {
+    2 * n * k.div_ceil(group)
 }
 
 /// Whether `needed` vector registers fit `target`'s register file.
