@@ -11,6 +11,13 @@ pub fn disassemble(bytes: &[u8]) -> String {
     formatter.options_mut().set_hex_prefix("0x");
     formatter.options_mut().set_hex_suffix("");
     formatter.options_mut().set_uppercase_hex(false);
+    // Every number in hex, branch targets as short as the offsets in the first column: by
+    // default iced writes -9..9 in decimal and targets with 16 digits ("jne 9" beside
+    // "je 0x00000000000008a3").
+    formatter
+        .options_mut()
+        .set_small_hex_numbers_in_decimal(false);
+    formatter.options_mut().set_branch_leading_zeros(false);
     formatter
         .options_mut()
         .set_space_after_operand_separator(true);
