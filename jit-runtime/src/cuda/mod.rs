@@ -221,12 +221,15 @@ impl Gpu {
         }
         let name = ctx.name()?;
         let stream = ctx.default_stream();
-        // Tuned schedules of this device, if a database exists (an unreadable one is
-        // ignored: the planner's defaults are always valid).
-        let tuned = crate::tuning::default_path()
-            .and_then(|p| crate::tuning::TuningDb::load(&p).ok())
-            .map(|db| tuned_schedules(&db, &name))
-            .unwrap_or_default();
+        // Tuned schedules of this device: the shipped database's, then the user's, whose
+        // entries win (an unreadable database is ignored: the planner's defaults are
+        // always valid).
+        let mut tuned = tuned_schedules(crate::tuning::shipped(), &name);
+        if let Some(db) =
+            crate::tuning::default_path().and_then(|p| crate::tuning::TuningDb::load(&p).ok())
+        {
+            tuned.extend(tuned_schedules(&db, &name));
+        }
         Ok(Gpu {
             ctx,
             stream,
@@ -964,5 +967,38 @@ mod tuning_tests {
         assert_eq!(tuned.len(), 1);
         assert_eq!(tuned.get(&key), Some(&s));
         assert_eq!(key, "NVIDIA H100 80GB HBM3 | strided f32 17x17x17 nn");
+    }
+
+    /// The shipped database's GPU entries (an H200's squares, docs/gpu-notes.md, version
+    /// 27) all parse, and each generates its kernel for its shape on sm_90.
+    #[test]
+    fn shipped_gpu_entries_generate_their_kernels() {
+        let shipped = crate::tuning::shipped();
+        let device = "NVIDIA H200";
+        let tuned = tuned_schedules(shipped, device);
+        assert_eq!(tuned.len(), shipped.gpu.len());
+        assert!(tuned.len() >= 40, "{} shipped GPU entries", tuned.len());
+        let target = GpuTarget::new(Sm::Sm90);
+        for (key, schedule) in &tuned {
+            let shape = key
+                .strip_prefix(&format!("{device} | strided "))
+                .unwrap_or_else(|| panic!("{key}"));
+            let (dtype, dims) = shape.split_once(' ').unwrap();
+            let dtype = match dtype {
+                "f64" => Dtype::F64,
+                "f32" => Dtype::F32,
+                "f16" => Dtype::F16,
+                other => panic!("{other} in {key}"),
+            };
+            let n: Vec<usize> = dims
+                .trim_end_matches(" nn")
+                .split('x')
+                .map(|d| d.parse().unwrap())
+                .collect();
+            let spec = GemmSpec::builder(dtype, n[0], n[1], n[2]).build().unwrap();
+            assert_eq!(gpu_tuning_key(device, &spec, BatchKind::Strided), *key);
+            smallgemm_codegen_ptx::generate(&spec, &target, Some(schedule), BatchKind::Strided)
+                .unwrap_or_else(|e| panic!("{key}: {e}"));
+        }
     }
 }
