@@ -216,6 +216,10 @@ impl<'a> Emitter<'a> {
         if g == Gpr::SCRATCH {
             return Ok(SP);
         }
+        // A register past the program's count is one the prologue did not save.
+        if g.0 as usize >= self.program.gprs {
+            return Err(EmitError::UndeclaredGeneralRegister(g.0));
+        }
         abi::GENERAL
             .get(g.0 as usize)
             .copied()

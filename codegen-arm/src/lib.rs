@@ -26,6 +26,8 @@ pub enum EmitError {
     TooManyGeneralRegisters { needed: usize, available: usize },
     #[error("the program uses vector register {0}, beyond what it declares or NEON has (32)")]
     TooManyVectorRegisters(usize),
+    #[error("the program uses general register {0}, beyond what it declares")]
+    UndeclaredGeneralRegister(u8),
     #[error("the program has {0} lanes per vector; NEON registers hold 16 bytes")]
     Lanes(usize),
     #[error("lane {0} is beyond the vector")]

@@ -115,3 +115,22 @@ fn far_and_negative_offsets_and_wide_steps() {
     assert_eq!(c, expected);
     assert_ne!(c[5000], 0.5, "the kernel stored nothing");
 }
+
+/// A general register past the program's count is one the prologue does not save: emitting
+/// a program that uses it is an error, not code that clobbers the caller's register.
+#[test]
+fn undeclared_general_registers_are_an_error() {
+    let copy = |dst| {
+        vec![Op::Copy {
+            dst: Gpr(dst),
+            src: Gpr::A,
+        }]
+    };
+    assert!(smallgemm_codegen_arm::emit(&program(copy(5))).is_ok());
+    assert!(matches!(
+        smallgemm_codegen_arm::emit(&program(copy(6))),
+        Err(smallgemm_codegen_arm::EmitError::UndeclaredGeneralRegister(
+            6
+        ))
+    ));
+}

@@ -458,7 +458,11 @@ impl<'a> Emitter<'a> {
     }
 
     fn gpr(&self, g: smallgemm_ir::Gpr) -> Result<u8, EmitError> {
-        Ok(gp(regs::general(self.conv.general(), g)?))
+        Ok(gp(regs::general(
+            self.conv.general(),
+            self.program.gprs,
+            g,
+        )?))
     }
 
     fn mem(&self, addr: Addr) -> Result<Rm, EmitError> {

@@ -370,7 +370,7 @@ impl<'a> Emitter<'a> {
     }
 
     fn gpr(&self, g: smallgemm_ir::Gpr) -> Result<Register, EmitError> {
-        regs::general(self.conv.general(), g)
+        regs::general(self.conv.general(), self.program.gprs, g)
     }
 
     fn mem(&self, addr: Addr, broadcast: bool) -> Result<MemoryOperand, EmitError> {

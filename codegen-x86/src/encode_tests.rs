@@ -1541,3 +1541,37 @@ fn stray_narrow_prefixes_are_errors() {
     assert!(data.check(alpha.unwrap(), beta.unwrap()).passed());
     assert!(crate::emit(&program, target.isa).is_ok());
 }
+
+/// A general register past the program's count is one the prologue does not save: emitting
+/// a program that uses it is an error, not code that clobbers the caller's register.
+#[test]
+fn undeclared_general_registers_are_errors() {
+    use smallgemm_ir::{Gpr, Op};
+    let problem = GemmSpec::builder(Dtype::F64, 8, 4, 4)
+        .build()
+        .unwrap()
+        .col_major();
+    let target = Target::AVX512;
+    let program = lower(&problem, target, &plan(&problem, target)).unwrap();
+    let undeclared = program.gprs as u8;
+    let mut bad = program.clone();
+    bad.ops.insert(
+        0,
+        Op::Copy {
+            dst: Gpr(undeclared),
+            src: Gpr::A,
+        },
+    );
+    for conv in [CallConv::SysV, CallConv::Win64] {
+        assert!(crate::emit_with(&program, target.isa, conv).is_ok());
+        assert!(crate::emit_iced(&program, target.isa, conv).is_ok());
+        assert!(matches!(
+            crate::emit_with(&bad, target.isa, conv),
+            Err(crate::EmitError::UndeclaredGeneralRegister(g)) if g == undeclared
+        ));
+        assert!(matches!(
+            crate::emit_iced(&bad, target.isa, conv),
+            Err(crate::EmitError::UndeclaredGeneralRegister(g)) if g == undeclared
+        ));
+    }
+}

@@ -31,6 +31,8 @@ pub enum EmitError {
     TooManyGeneralRegisters { needed: usize, available: usize },
     #[error("the program uses vector register {0}, beyond what it declares")]
     TooManyVectorRegisters(usize),
+    #[error("the program uses general register {0}, beyond what it declares")]
+    UndeclaredGeneralRegister(u8),
     #[error("the program needs {0} masks; AVX-512 has 7 opmask registers")]
     TooManyMasks(usize),
     #[error("mask m{0} has no vector register on AVX2")]

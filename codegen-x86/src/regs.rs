@@ -14,9 +14,13 @@ pub(crate) fn opmask(i: u8) -> Result<Register, EmitError> {
 }
 
 /// The general register `g` is allocated to, per the calling convention's table.
-pub(crate) fn general(table: &[Register], g: Gpr) -> Result<Register, EmitError> {
+pub(crate) fn general(table: &[Register], declared: usize, g: Gpr) -> Result<Register, EmitError> {
     if g == Gpr::SCRATCH {
         return Ok(Register::RSP);
+    }
+    // A register past the program's count is one the prologue did not save.
+    if g.0 as usize >= declared {
+        return Err(EmitError::UndeclaredGeneralRegister(g.0));
     }
     table
         .get(g.0 as usize)
