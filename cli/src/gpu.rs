@@ -574,7 +574,9 @@ fn variable_candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> 
 }
 
 /// Candidate schedules for a square problem, pruned by the hard limits of the device and
-/// the soft rule of paper 001 (lightweight blocks: 64..=512 threads win for batches).
+/// the soft rule of paper 001 (lightweight blocks: 64..=512 threads win for batches). FMA
+/// kernels with flat staging come with their copies through `cp.async` too: on an H200
+/// those won at nearly every f64 and f32 size (docs/gpu-notes.md, version 28).
 pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
     let p = spec.col_major();
     let mut out = Vec::new();
@@ -600,8 +602,16 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
             if tpp > threads || s.tba * tpp * 2 <= threads {
                 continue;
             }
-            if s.validate(&p, target).is_ok() && !out.contains(&s) {
-                out.push(s);
+            let copies: &[bool] = if stage == Staging::Padded {
+                &[false]
+            } else {
+                &[false, true]
+            };
+            for &async_copies in copies {
+                let s = GpuSchedule { async_copies, ..s };
+                if s.validate(&p, target).is_ok() && !out.contains(&s) {
+                    out.push(s);
+                }
             }
         }
     }
@@ -1240,6 +1250,36 @@ mod tests {
             .beta(Scalar::fixed(0.5).unwrap())
             .build()
             .unwrap()
+    }
+
+    /// The default FMA candidates (`tune --gpu` without filters) offer each flat-staged
+    /// schedule also through `cp.async`, as a kernel of its own: the H200's winners.
+    #[test]
+    fn default_candidates_copy_flat_spans_through_cp_async_too() {
+        let target = GpuTarget::new(Sm::Sm90);
+        for dtype in [Dtype::F64, Dtype::F32] {
+            for n in [9, 25] {
+                let spec = GemmSpec::builder(dtype, n, n, n).build().unwrap();
+                let c = candidates(&spec, &target);
+                let copied: Vec<_> = c.iter().filter(|s| s.async_copies).collect();
+                assert!(!copied.is_empty(), "{dtype:?} {n}");
+                for s in copied {
+                    assert_ne!(s.stage, Staging::Padded, "{dtype:?} {n}: {s:?}");
+                    let plain = GpuSchedule {
+                        async_copies: false,
+                        ..*s
+                    };
+                    assert!(c.contains(&plain), "{dtype:?} {n}: {s:?}");
+                    let code = ptx_code(&spec, &target, s);
+                    assert!(code.is_some(), "{dtype:?} {n}: {s:?} does not compile");
+                    assert_ne!(
+                        code,
+                        ptx_code(&spec, &target, &plain),
+                        "{dtype:?} {n}: {s:?}"
+                    );
+                }
+            }
+        }
     }
 
     /// `tune --async-copies` offers the planned schedule first, then only schedules that fit
