@@ -602,12 +602,8 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
             if tpp > threads || s.tba * tpp * 2 <= threads {
                 continue;
             }
-            let copies: &[bool] = if stage == Staging::Padded {
-                &[false]
-            } else {
-                &[false, true]
-            };
-            for &async_copies in copies {
+            // Padded staging twice without `cp.async` (the second one is a duplicate).
+            for async_copies in [false, stage != Staging::Padded] {
                 let s = GpuSchedule { async_copies, ..s };
                 if s.validate(&p, target).is_ok() && !out.contains(&s) {
                     out.push(s);

@@ -969,8 +969,8 @@ mod tuning_tests {
         assert_eq!(key, "NVIDIA H100 80GB HBM3 | strided f32 17x17x17 nn");
     }
 
-    /// The shipped database's GPU entries (an H200's squares, docs/gpu-notes.md, version
-    /// 27) all parse, each belongs to a square strided shape, and each generates its kernel
+    /// The shipped database's GPU entries (an H200's squares, docs/gpu-notes.md, versions
+    /// 27 and 28) all parse, each belongs to a square strided shape, and each generates its kernel
     /// for that shape on sm_90.
     #[test]
     fn shipped_gpu_entries_generate_their_kernels() {
