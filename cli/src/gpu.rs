@@ -551,10 +551,12 @@ struct TuneArgs {
     /// in groups of 1, 2 and 3 tiles (the others).
     #[arg(long)]
     realign_in_shared: bool,
-    /// Only the planned schedule and the schedules in this file: a JSON array of objects
-    /// in the tuning database's form, each a change to the planned schedule (the fields
-    /// left out keep the planned values; e.g. `[{"warps": 14, "min_blocks": 2}]`). Those
-    /// that do not fit a size, or repeat another's code, are left out there.
+    /// Only the planned schedule, the schedule in use (the tuning database's entry for the
+    /// device, shipped or the user's, else the planned one) and the schedules in this
+    /// file: a JSON array of objects in the tuning database's form, each a change to the
+    /// schedule in use (the fields left out keep its values; e.g. `[{"warps": 14,
+    /// "min_blocks": 2}]`). Those that do not fit a size, or repeat another's code, are
+    /// left out there.
     #[arg(long)]
     schedules: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
@@ -617,7 +619,8 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
     out
 }
 
-/// Tensor-core candidates: 1, 2, 4, 8 or 16 warps, 1, 2 or 4 problems per block (at most
+/// Tensor-core candidates: 1, 2, 4, 8 or 16 warps and one a row tile (where that is
+/// another count up to 16), 1, 2 or 4 problems per block (at most
 /// 16 warps a block), the fragment loaders in `loaders` (`ldmatrix` or not), with and without
 /// the C prefetch, flat staging of A and B where a side is not a multiple of 8 (the only
 /// sizes where it differs from the padded loader; each with the slot division by a
@@ -632,7 +635,14 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
         &[Staging::Padded, Staging::FlatC]
     };
     let mut out = Vec::new();
-    for warps in [1, 2, 4, 8, 16] {
+    // One warp a row tile, its column tiles in groups (`row_group`): the H200's winners at
+    // 34..47 and 65..79 (docs/gpu-notes.md, version 29).
+    let row_tiles = p.m.div_ceil(16) as u32;
+    let mut counts = vec![1, 2, 4, 8, 16];
+    if row_tiles <= 16 && !counts.contains(&row_tiles) {
+        counts.push(row_tiles);
+    }
+    for warps in counts {
         for tba in [1, 2, 4] {
             for &ldmatrix in loaders {
                 for &stage in stages {
@@ -666,14 +676,26 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
     out
 }
 
-/// `s` with 2 and 3 tiles per warp group (`mma_group`), where grouping takes effect (the
-/// warp count no multiple of the row tiles; a row has enough column tiles).
+/// `s` with its tiles in groups where a row has enough column tiles: 2 and 3 tiles per
+/// warp group (`mma_group`) where the warp count is no multiple of the row tiles, else 3
+/// and 5 column tiles together (`row_group`: each warp keeps one row of tiles).
 fn grouped(p: &ColMajorProblem, s: &GpuSchedule) -> Vec<GpuSchedule> {
     let (mt, nt) = (p.m.div_ceil(16) as u32, p.n.div_ceil(8) as u32);
-    (2..=3)
-        .filter(|&g| s.mma.is_some() && s.warps % mt != 0 && g <= nt)
-        .map(|mma_group| GpuSchedule { mma_group, ..*s })
-        .collect()
+    if s.mma.is_none() {
+        return Vec::new();
+    }
+    if s.warps % mt != 0 {
+        (2..=3)
+            .filter(|&g| g <= nt)
+            .map(|mma_group| GpuSchedule { mma_group, ..*s })
+            .collect()
+    } else {
+        [3, 5]
+            .into_iter()
+            .filter(|&g| g <= nt)
+            .map(|row_group| GpuSchedule { row_group, ..*s })
+            .collect()
+    }
 }
 
 /// `tune --flat-fragments`: the planned schedule, then A and B copied verbatim with
@@ -848,27 +870,27 @@ fn schedule_changes(
     })
 }
 
-/// `tune --schedules`: the planned schedule, then it under each change (those that fit and
+/// `tune --schedules`: the schedule in use, then it under each change (those that fit and
 /// whose code differs from every one before).
 fn changed_candidates(
     spec: &GemmSpec,
     target: &GpuTarget,
-    planned: GpuSchedule,
+    in_use: GpuSchedule,
     changes: &[serde_json::Map<String, serde_json::Value>],
 ) -> Result<Vec<GpuSchedule>, String> {
     let more = changes
         .iter()
-        .map(|c| with_changes(&planned, c))
+        .map(|c| with_changes(&in_use, c))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(with_distinct(spec, target, vec![planned], more))
+    Ok(with_distinct(spec, target, vec![in_use], more))
 }
 
-/// `planned` with the fields of `change` replaced.
+/// `base` with the fields of `change` replaced.
 fn with_changes(
-    planned: &GpuSchedule,
+    base: &GpuSchedule,
     change: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<GpuSchedule, String> {
-    let mut v = serde_json::to_value(planned).map_err(|e| e.to_string())?;
+    let mut v = serde_json::to_value(base).map_err(|e| e.to_string())?;
     let fields = v.as_object_mut().ok_or("a schedule is a JSON object")?;
     for (key, value) in change {
         if !fields.contains_key(key) {
@@ -1067,7 +1089,15 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                 _ if args.realign_in_shared && d == Dtype::F16 => {
                     realign_candidates(&spec, gpu.target(), planned)
                 }
-                (_, Some(p), Some(changes)) => changed_candidates(&spec, gpu.target(), p, changes)?,
+                (_, Some(p), Some(changes)) => {
+                    // The changes apply to the schedule in use: the tuning database's entry
+                    // for this device where it fits, else the planned one.
+                    let in_use = gpu
+                        .tuned_schedule(&spec, BatchKind::Strided)
+                        .filter(|s| s.validate(&spec.col_major(), gpu.target()).is_ok())
+                        .unwrap_or(p);
+                    changed_candidates(&spec, gpu.target(), in_use, changes)?
+                }
                 _ => candidates(&spec, gpu.target()),
             };
             let mut list: Vec<GpuSchedule> = all
@@ -1132,9 +1162,11 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
             }
             if let Some((gf, s)) = best {
                 let key = cuda::gpu_tuning_key(gpu.name(), &spec, BatchKind::Strided);
-                if Some(s) == planned {
+                if Some(s) == planned && !tuning::shipped().gpu.contains_key(&key) {
                     // No entry: the runtime plans the same schedule, and a stale entry
-                    // from an earlier sweep would stand in its way.
+                    // from an earlier sweep would stand in its way. (Where the shipped
+                    // database has an entry, the planned one is stored: without it, the
+                    // runtime would take the shipped one.)
                     println!(
                         "  best: the planned schedule {} at {gf:.0} GFLOP/s",
                         s.label()
@@ -1274,6 +1306,29 @@ mod tests {
                         "{dtype:?} {n}: {s:?}"
                     );
                 }
+            }
+        }
+    }
+
+    /// The default tensor-core candidates offer one warp a row tile (3, 7 and 8 row tiles
+    /// at 40, 100 and 120), and column tiles in groups (`row_group`) only where each warp
+    /// keeps a row of tiles, each group with code of its own.
+    #[test]
+    fn default_candidates_group_the_column_tiles_of_a_row() {
+        let target = GpuTarget::new(Sm::Sm90);
+        for n in [40, 100, 120] {
+            let spec = square(n);
+            let mt = n.div_ceil(16) as u32;
+            let c = mma_candidates(&spec, &target, &[true]);
+            let grouped: Vec<_> = c.iter().filter(|s| s.row_group > 1).collect();
+            assert!(grouped.iter().any(|s| s.warps == mt), "n = {n}");
+            for s in grouped {
+                assert_eq!(s.warps % mt, 0, "n = {n}: {s:?}");
+                let plain = GpuSchedule { row_group: 0, ..*s };
+                assert!(c.contains(&plain), "n = {n}: {s:?}");
+                let code = ptx_code(&spec, &target, s);
+                assert!(code.is_some(), "n = {n}: {s:?} does not compile");
+                assert_ne!(code, ptx_code(&spec, &target, &plain), "n = {n}: {s:?}");
             }
         }
     }

@@ -2291,10 +2291,13 @@ fn mma_group(s: &GpuSchedule, p: &ColMajorProblem) -> usize {
     let shape = s.mma.unwrap_or(smallgemm_ir::MmaShape::M16N8K16);
     let mt = p.m.div_ceil(shape.m as usize);
     let nt = p.n.div_ceil(shape.n as usize);
-    if (s.warps as usize) % mt == 0 {
-        return 1;
-    }
-    (s.mma_group as usize).clamp(1, nt.max(1))
+    // Warps that keep one row of tiles each group their column tiles by `row_group`.
+    let group = if (s.warps as usize) % mt == 0 {
+        s.row_group
+    } else {
+        s.mma_group
+    };
+    (group as usize).clamp(1, nt.max(1))
 }
 
 /// One 16x8 tile of C a warp computes: its row and column tile, whether it exists (the
@@ -2494,7 +2497,10 @@ fn mma_warp(
                     asm.op(format!("add.u32 {tnr}, {tnr}, {}", q * step));
                 }
                 let valid = ((q + 1) * step > nt).then(|| asm.lt(&tnr, &nt.to_string()));
-                coords.push((tmr.clone(), tnr, (q + 1) * step - 1, valid, None));
+                // In groups (`row_group`), a tile past the last column tile after the
+                // group's first is computed (on clamped B) and never stored.
+                let hangs = if group > 1 { valid.clone() } else { None };
+                coords.push((tmr.clone(), tnr, (q + 1) * step - 1, valid, hangs));
             }
             None => {
                 let t = asm.reg(Kind::B32);
@@ -3034,7 +3040,16 @@ fn mma_body(
             .iter()
             .enumerate()
             .map(|(j, tile)| {
-                let base = if j > 0 && nt % mw.group != 0 {
+                // A tile after the group's first may lie past the last column tile: in
+                // `mma_group`'s groups (consecutive column tiles) where they do not divide
+                // the row, in `row_group`'s (each warp's own row) where the tile has a
+                // validity guard.
+                let may_hang = if reuse {
+                    tile.valid.is_some()
+                } else {
+                    nt % mw.group != 0
+                };
+                let base = if j > 0 && may_hang {
                     // Past the last column tile: B clamped inside its copy (never stored).
                     let t = asm.reg(Kind::B32);
                     asm.op(format!("min.u32 {t}, {}, {}", tile.tnr, nt - 1));

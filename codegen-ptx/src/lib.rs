@@ -166,8 +166,12 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     };
     let sw = if s.epilogue_swaps_apply() { "_sw" } else { "" };
     let cs = if s.column_sweep_apply() { "_cs" } else { "" };
+    let rg = match (s.mma, s.row_group) {
+        (Some(_), g) if g > 1 => format!("_rg{g}"),
+        _ => String::new(),
+    };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}",
         spec.name(),
         kind.suffix(),
         s.tba

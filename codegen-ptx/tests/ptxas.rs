@@ -64,8 +64,9 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`), A and
 /// B copied verbatim with 16-bit fragment loads (`flat_fragments`), the verbatim copies
 /// through `cp.async` (`async_copies`), A and B realigned in shared memory
-/// (`realign_in_shared`), the epilogue's lanes in swapped order (`epilogue_swaps`), and
-/// whole columns of tiles a warp (`column_sweep`).
+/// (`realign_in_shared`), the epilogue's lanes in swapped order (`epilogue_swaps`),
+/// column tiles in groups where each warp keeps a row of tiles (`row_group`), and whole
+/// columns of tiles a warp (`column_sweep`).
 fn mma_variants() -> Vec<GpuSchedule> {
     let mut out = Vec::new();
     for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
@@ -110,6 +111,15 @@ fn mma_variants() -> Vec<GpuSchedule> {
                                 ..GpuSchedule::mma(warps, tba, ldmatrix)
                             });
                         }
+                    }
+                    if warps > 1 {
+                        // Column tiles in groups where the warps keep one row of tiles.
+                        out.push(GpuSchedule {
+                            stage,
+                            prefetch_c,
+                            row_group: 2 + prefetch_c as u32,
+                            ..GpuSchedule::mma(warps, tba, ldmatrix)
+                        });
                     }
                     if warps < 8 && !prefetch_c {
                         // Column sweep: whole columns of tiles a warp, every row tile's A
@@ -210,7 +220,8 @@ fn kernels(target: &GpuTarget) -> Vec<PtxKernel> {
     }
     // C's copy in A's place (`c_over_a`): squares whose warps keep one row of tiles each,
     // flat C (odd) and C's padded copy (even), beta 0 and not, 8 and 16 warps, the code
-    // generator's blocks per SM and 2 and 3.
+    // generator's blocks per SM and 2 and 3 (these two with column tiles in groups of as
+    // many, `row_group`).
     for (n, ta, beta) in [
         (113, Trans::N, 0.5),
         (120, Trans::N, 0.0),
@@ -234,6 +245,7 @@ fn kernels(target: &GpuTarget) -> Vec<PtxKernel> {
                     stage: Staging::FlatC,
                     c_over_a: true,
                     min_blocks,
+                    row_group: min_blocks,
                     ..GpuSchedule::mma(warps, 1, true)
                 };
                 let k = generate(&spec, target, Some(&s), BatchKind::Strided).unwrap();

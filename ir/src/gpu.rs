@@ -265,6 +265,17 @@ pub struct GpuSchedule {
     /// past m). Ignored elsewhere (docs/gpu-notes.md, version 19).
     #[serde(default)]
     pub column_sweep: bool,
+    /// Tensor-core kernels whose warps each keep one row of tiles (the warp count a
+    /// multiple of the row tiles: A's fragments held in registers for all k steps; no
+    /// column sweep): a warp computes this many of its column tiles together, k step by k
+    /// step, so that their accumulator chains interleave and one `mma`'s latency hides
+    /// behind the others'. One tile at a time, a tile's k steps wait on each other: ptxas
+    /// does not move the next tile's shared loads above the epilogue's shared stores
+    /// before them (the SASS of f16 120 on sm_90: eight dependent HMMA a tile, stalls
+    /// between them). 0 or 1: one tile at a time. Ignored elsewhere (`mma_group` groups
+    /// the other warps' tiles; docs/gpu-notes.md, version 29).
+    #[serde(default)]
+    pub row_group: u32,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -350,6 +361,7 @@ impl GpuSchedule {
             realign_in_shared: false,
             epilogue_swaps: false,
             column_sweep: false,
+            row_group: 0,
         }
     }
 
@@ -376,6 +388,7 @@ impl GpuSchedule {
             realign_in_shared: false,
             epilogue_swaps: false,
             column_sweep: false,
+            row_group: 0,
         }
     }
 
@@ -388,7 +401,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -423,7 +436,11 @@ impl GpuSchedule {
                 } else {
                     ""
                 },
-                if self.column_sweep_apply() { " cs" } else { "" }
+                if self.column_sweep_apply() { " cs" } else { "" },
+                match self.row_group {
+                    0 | 1 => String::new(),
+                    g => format!(" rg{g}"),
+                }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}{}",

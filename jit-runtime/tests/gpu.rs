@@ -875,6 +875,63 @@ fn f16_column_sweep_matches() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Column tiles in groups where each warp keeps one row of tiles (`GpuSchedule::row_group`):
+/// groups of 2, 3 and 4 at 1, 2 and 3 warps a row tile (with 2 and 3 the last group may
+/// hang over the last column tile: computed, never stored), C in shared memory (with C
+/// over A and A and B realigned in shared memory; with the epilogue swaps where m is odd)
+/// and in global memory with the C prefetch, both fragment loaders; m from 9 to 128, n and
+/// k off the tile multiples, every transpose, alpha and beta of each kind, beta 0 with NaN
+/// in C.
+#[test]
+fn f16_row_group_matches() {
+    let Some(gpu) = gpu("f16_row_group") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for (i, spec) in f16_flag_cases((9..=128usize).step_by(4).chain([120, 127, 128])) {
+        let m = spec.m();
+        let p = spec.col_major();
+        let mt = m.div_ceil(16) as u32;
+        let mut variants = Vec::new();
+        for per_row in [1, 2, 3] {
+            let warps = mt * per_row;
+            for (stage, ldmatrix, prefetch_c, c_over_a, realign) in [
+                (Staging::FlatC, true, false, false, false),
+                (Staging::FlatC, true, false, true, true),
+                (Staging::Flat, true, true, false, false),
+                (Staging::Padded, false, false, false, false),
+            ] {
+                variants.push(GpuSchedule {
+                    stage,
+                    prefetch_c,
+                    c_over_a,
+                    realign_in_shared: realign,
+                    async_copies: realign,
+                    epilogue_swaps: m % 2 == 1,
+                    row_group: 2 + (variants.len() + i) as u32 % 3,
+                    ..GpuSchedule::mma(warps, 1, ldmatrix)
+                });
+            }
+        }
+        for s in variants {
+            if s.validate(&p, gpu.target()).is_err() {
+                continue;
+            }
+            count += 1;
+            if let Err(e) = run_f16_with(&gpu, &spec, 4700 + (i * 11 + count) as u64, Some(&s)) {
+                failures.push(format!("{}x{}x{} {s:?}: {e}", m, spec.n(), spec.k()));
+            }
+        }
+    }
+    println!(
+        "{count} f16 row_group kernels checked, {} failed",
+        failures.len()
+    );
+    assert!(count > 0, "no row-group kernel fits");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 type Pointers = (CudaSlice<u64>, CudaSlice<u64>, CudaSlice<u64>);
 
 fn pointer_arrays<T: GpuElement>(

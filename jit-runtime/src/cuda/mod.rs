@@ -291,6 +291,14 @@ impl Gpu {
         self.get_or_compile((*spec, kind, None))
     }
 
+    /// The tuning database's schedule for `spec` and `kind` on this device, if it has one
+    /// (it may not fit the spec: [`Gpu::kernel`] then plans).
+    pub fn tuned_schedule(&self, spec: &GemmSpec, kind: BatchKind) -> Option<GpuSchedule> {
+        self.tuned
+            .get(&gpu_tuning_key(&self.name, spec, kind))
+            .copied()
+    }
+
     /// Replaces this device's tuned schedules (normally read from the tuning database when
     /// the `Gpu` is opened); an empty map makes every kernel use the planner's schedule.
     pub fn set_tuned(&mut self, tuned: HashMap<String, GpuSchedule>) {
