@@ -782,12 +782,9 @@ fn f16_epilogue_swaps_match() {
     let Some(gpu) = gpu("f16_epilogue_swaps") else {
         return;
     };
-    let mut failures = Vec::new();
-    let mut count = 0;
-    for (i, spec) in f16_flag_cases((17..=127usize).step_by(2)) {
-        let m = spec.m();
-        let p = spec.col_major();
-        let planned = smallgemm_ir::plan_gpu(&p, gpu.target()).unwrap();
+    let cases = f16_flag_cases((17..=127usize).step_by(2));
+    check_flag_cases(&gpu, "epilogue_swaps", cases, (2700, 5), |_, spec| {
+        let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
         let flatc = |warps, tba, mma_group, flat_fragments| GpuSchedule {
             stage: Staging::FlatC,
             mma_group,
@@ -795,28 +792,18 @@ fn f16_epilogue_swaps_match() {
             ..GpuSchedule::mma(warps, tba, !flat_fragments)
         };
         let mut variants = vec![planned, flatc(2, 2, 3, false), flatc(8, 1, 2, false)];
-        if m <= 40 {
+        if spec.m() <= 40 {
             variants.push(flatc(2, 2, 0, true));
         }
-        for v in variants {
-            let s = GpuSchedule {
+        variants
+            .into_iter()
+            .map(|v| GpuSchedule {
                 epilogue_swaps: true,
                 ..v
-            };
-            if !s.epilogue_swaps_apply() || s.validate(&p, gpu.target()).is_err() {
-                continue;
-            }
-            count += 1;
-            if let Err(e) = run_f16_with(&gpu, &spec, 2700 + (i * 5 + count) as u64, Some(&s)) {
-                failures.push(format!("{s:?}: {e}"));
-            }
-        }
-    }
-    println!(
-        "{count} f16 epilogue_swaps kernels checked, {} failed",
-        failures.len()
-    );
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+            })
+            .filter(|s| s.epilogue_swaps_apply())
+            .collect()
+    });
 }
 
 /// Column sweep (`GpuSchedule::column_sweep`): each warp takes whole columns of tiles with
@@ -829,12 +816,10 @@ fn f16_column_sweep_matches() {
     let Some(gpu) = gpu("f16_column_sweep") else {
         return;
     };
-    let mut failures = Vec::new();
-    let mut count = 0;
-    for (i, spec) in f16_flag_cases((9..=64usize).chain([65, 80, 97, 128])) {
-        let m = spec.m();
-        let p = spec.col_major();
-        let planned = smallgemm_ir::plan_gpu(&p, gpu.target()).unwrap();
+    let cases = f16_flag_cases((9..=64usize).chain([65, 80, 97, 128]));
+    // Not vacuous: 736 kernels fit on an H100.
+    check_flag_cases(&gpu, "column_sweep", cases, (3700, 13), |_, spec| {
+        let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
         let mut variants = vec![planned];
         for (warps, tba) in [(1, 1), (2, 2), (4, 1)] {
             for (stage, prefetch_c, flat_fragments) in [
@@ -847,32 +832,20 @@ fn f16_column_sweep_matches() {
                     stage,
                     prefetch_c,
                     flat_fragments,
-                    epilogue_swaps: m % 2 == 1,
+                    epilogue_swaps: spec.m() % 2 == 1,
                     ..GpuSchedule::mma(warps, tba, !flat_fragments)
                 });
             }
         }
-        for v in variants {
-            let s = GpuSchedule {
+        variants
+            .into_iter()
+            .map(|v| GpuSchedule {
                 column_sweep: true,
                 ..v
-            };
-            if !s.column_sweep_apply() || s.validate(&p, gpu.target()).is_err() {
-                continue;
-            }
-            count += 1;
-            if let Err(e) = run_f16_with(&gpu, &spec, 3700 + (i * 13 + count) as u64, Some(&s)) {
-                failures.push(format!("{}x{}x{} {s:?}: {e}", m, spec.n(), spec.k()));
-            }
-        }
-    }
-    println!(
-        "{count} f16 column_sweep kernels checked, {} failed",
-        failures.len()
-    );
-    // Not vacuous: 736 kernels fit on an H100.
-    assert!(count > 0, "no column-sweep kernel fits");
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+            })
+            .filter(|s| s.column_sweep_apply())
+            .collect()
+    });
 }
 
 /// Column tiles in groups where each warp keeps one row of tiles (`GpuSchedule::row_group`):
@@ -887,15 +860,12 @@ fn f16_row_group_matches() {
     let Some(gpu) = gpu("f16_row_group") else {
         return;
     };
-    let mut failures = Vec::new();
-    let mut count = 0;
-    for (i, spec) in f16_flag_cases((9..=128usize).step_by(4).chain([120, 127, 128])) {
+    let cases = f16_flag_cases((9..=128usize).step_by(4).chain([120, 127, 128]));
+    check_flag_cases(&gpu, "row_group", cases, (4700, 11), |i, spec| {
         let m = spec.m();
-        let p = spec.col_major();
         let mt = m.div_ceil(16) as u32;
         let mut variants = Vec::new();
         for per_row in [1, 2, 3] {
-            let warps = mt * per_row;
             for (stage, ldmatrix, prefetch_c, c_over_a, realign) in [
                 (Staging::FlatC, true, false, false, false),
                 (Staging::FlatC, true, false, true, true),
@@ -910,25 +880,45 @@ fn f16_row_group_matches() {
                     async_copies: realign,
                     epilogue_swaps: m % 2 == 1,
                     row_group: 2 + (variants.len() + i) as u32 % 3,
-                    ..GpuSchedule::mma(warps, 1, ldmatrix)
+                    ..GpuSchedule::mma(mt * per_row, 1, ldmatrix)
                 });
             }
         }
-        for s in variants {
+        variants
+    });
+}
+
+/// Runs on each case `(i, spec)` the schedules `variants(i, spec)` gives (those that fit),
+/// against the reference, with seeds `base + i * step + count`; panics with the failures,
+/// or where no schedule fits at all.
+fn check_flag_cases(
+    gpu: &Gpu,
+    what: &str,
+    cases: Vec<(usize, GemmSpec)>,
+    (base, step): (u64, u64),
+    variants: impl Fn(usize, &GemmSpec) -> Vec<GpuSchedule>,
+) {
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for (i, spec) in cases {
+        let p = spec.col_major();
+        for s in variants(i, &spec) {
             if s.validate(&p, gpu.target()).is_err() {
                 continue;
             }
             count += 1;
-            if let Err(e) = run_f16_with(&gpu, &spec, 4700 + (i * 11 + count) as u64, Some(&s)) {
-                failures.push(format!("{}x{}x{} {s:?}: {e}", m, spec.n(), spec.k()));
+            let seed = base + i as u64 * step + count;
+            if let Err(e) = run_f16_with(gpu, &spec, seed, Some(&s)) {
+                let (m, n, k) = (spec.m(), spec.n(), spec.k());
+                failures.push(format!("{m}x{n}x{k} {s:?}: {e}"));
             }
         }
     }
     println!(
-        "{count} f16 row_group kernels checked, {} failed",
+        "{count} f16 {what} kernels checked, {} failed",
         failures.len()
     );
-    assert!(count > 0, "no row-group kernel fits");
+    assert!(count > 0, "no {what} kernel fits");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
