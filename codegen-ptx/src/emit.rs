@@ -2284,9 +2284,10 @@ fn epilogue_degrees(ld: usize, table: [usize; 4]) -> impl Iterator<Item = usize>
         })
 }
 
-/// Tiles a warp computes together (`GpuSchedule::mma_group`): where the warps do not keep
-/// one row of tiles each, a group of column tiles of one row tile shares each k step's A
-/// fragment (at most the row's tiles).
+/// Tiles a warp computes together, at most the row's tiles: where the warps do not keep one
+/// row of tiles each, `GpuSchedule::mma_group` consecutive column tiles of one row tile
+/// that share each k step's A fragment; where they do, `GpuSchedule::row_group` of the
+/// warp's own column tiles, their accumulator chains interleaved.
 fn mma_group(s: &GpuSchedule, p: &ColMajorProblem) -> usize {
     let shape = s.mma.unwrap_or(smallgemm_ir::MmaShape::M16N8K16);
     let mt = p.m.div_ceil(shape.m as usize);

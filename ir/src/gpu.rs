@@ -269,10 +269,10 @@ pub struct GpuSchedule {
     /// multiple of the row tiles: A's fragments held in registers for all k steps; no
     /// column sweep): a warp computes this many of its column tiles together, k step by k
     /// step, so that their accumulator chains interleave and one `mma`'s latency hides
-    /// behind the others'. One tile at a time, a tile's k steps wait on each other: ptxas
-    /// does not move the next tile's shared loads above the epilogue's shared stores
-    /// before them (the SASS of f16 120 on sm_90: eight dependent HMMA a tile, stalls
-    /// between them). 0 or 1: one tile at a time. Ignored elsewhere (`mma_group` groups
+    /// behind the others'. One tile at a time, a tile's k steps wait on each other: in the
+    /// SASS of f16 120 on sm_90 (C in shared memory), ptxas does not move the next tile's
+    /// shared loads above the epilogue's shared stores before them (eight dependent HMMA
+    /// a tile, stalls between them). 0 or 1: one tile at a time. Ignored elsewhere (`mma_group` groups
     /// the other warps' tiles; docs/gpu-notes.md, version 29).
     #[serde(default)]
     pub row_group: u32,

@@ -281,10 +281,10 @@ impl Gpu {
     /// The kernel for `spec` and `kind`, compiled on first use: with the schedule the tuning
     /// database holds for this device and shape, else the planned one.
     pub fn kernel(&self, spec: &GemmSpec, kind: BatchKind) -> Result<Arc<GpuKernel>, CudaError> {
-        if let Some(s) = self.tuned.get(&gpu_tuning_key(&self.name, spec, kind)) {
+        if let Some(s) = self.tuned_schedule(spec, kind) {
             // A tuned entry that does not fit this spec (other leading dimensions, say)
             // falls back to the planner.
-            if let Ok(k) = self.get_or_compile((*spec, kind, Some(*s))) {
+            if let Ok(k) = self.get_or_compile((*spec, kind, Some(s))) {
                 return Ok(k);
             }
         }
@@ -978,7 +978,7 @@ mod tuning_tests {
     }
 
     /// The shipped database's GPU entries (an H200's squares, docs/gpu-notes.md, versions
-    /// 27 and 28) all parse, each belongs to a square strided shape, and each generates its kernel
+    /// 27 to 29) all parse, each belongs to a square strided shape, and each generates its kernel
     /// for that shape on sm_90.
     #[test]
     fn shipped_gpu_entries_generate_their_kernels() {
