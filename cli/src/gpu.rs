@@ -625,7 +625,8 @@ pub fn candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
 /// the C prefetch, flat staging of A and B where a side is not a multiple of 8 (the only
 /// sizes where it differs from the padded loader; each with the slot division by a
 /// multiply-high and without), and C through shared memory (`FlatC`, where the prefetch is
-/// moot: tried without).
+/// moot: tried without; also with its copies through `cp.async`, and with A and B straight
+/// into their slots).
 pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> Vec<GpuSchedule> {
     let p = spec.col_major();
     let odd = [spec.m(), spec.n(), spec.k()].iter().any(|x| x % 8 != 0);
@@ -666,6 +667,24 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
                             }
                             if stage == Staging::FlatC {
                                 out.extend(grouped(&p, &s));
+                                // C's copy through `cp.async`, and A and B straight into
+                                // their slots where a side is even (`slot_copies`): the
+                                // H200's winners at 34..116 (docs/gpu-notes.md, version 30).
+                                let copied = GpuSchedule {
+                                    async_copies: true,
+                                    ..s
+                                };
+                                let mut forms = vec![copied];
+                                if [p.m, p.n, p.k].iter().any(|x| x % 2 == 0) {
+                                    forms.push(GpuSchedule {
+                                        slot_copies: true,
+                                        ..copied
+                                    });
+                                }
+                                for f in forms {
+                                    out.push(f);
+                                    out.extend(grouped(&p, &f));
+                                }
                             }
                         }
                     }
@@ -1329,6 +1348,33 @@ mod tests {
                 let code = ptx_code(&spec, &target, s);
                 assert!(code.is_some(), "n = {n}: {s:?} does not compile");
                 assert_ne!(code, ptx_code(&spec, &target, &plain), "n = {n}: {s:?}");
+            }
+        }
+    }
+
+    /// The default tensor-core candidates offer C through shared memory also with its copy
+    /// through `cp.async`, and with A and B straight into their slots (`slot_copies`) where
+    /// a side is even, each a kernel of its own (114: columns of 4-byte vectors; 120: whole
+    /// 16-byte ones); at 113 no side is even.
+    #[test]
+    fn default_candidates_copy_a_and_b_straight_into_their_slots() {
+        let target = GpuTarget::new(Sm::Sm90);
+        for n in [113, 114, 120] {
+            let spec = square(n);
+            let c = mma_candidates(&spec, &target, &[true]);
+            let slots: Vec<_> = c.iter().filter(|s| s.slot_copies).collect();
+            assert_eq!(slots.is_empty(), n % 2 == 1, "n = {n}");
+            assert!(c.iter().any(|s| s.async_copies_apply()), "n = {n}");
+            for s in slots {
+                assert!(s.slot_copies_apply(), "n = {n}: {s:?}");
+                let copied = GpuSchedule {
+                    slot_copies: false,
+                    ..*s
+                };
+                assert!(c.contains(&copied), "n = {n}: {s:?}");
+                let code = ptx_code(&spec, &target, s);
+                assert!(code.is_some(), "n = {n}: {s:?} does not compile");
+                assert_ne!(code, ptx_code(&spec, &target, &copied), "n = {n}: {s:?}");
             }
         }
     }

@@ -1394,7 +1394,10 @@ pub(crate) fn kernel(
         let (lead, other, sl, so) = (o.lead, o.other, o.sl, o.so);
         let v = vector_width(kind, dtype, lead, o.ld, o.lext, o.stride);
         let packed = lead.max * other.max;
-        let flat_ok = v < 16 / elt
+        // Straight into the slot through `cp.async` (`slot_copies`): columns of whole pairs.
+        let slot_copy = s.slot_copies_apply() && v * elt >= 4;
+        let flat_ok = !slot_copy
+            && v < 16 / elt
             && kind == BatchKind::Strided
             && lead.runtime.is_none()
             && o.ld.max == lead.max
@@ -1464,7 +1467,7 @@ pub(crate) fn kernel(
                 so,
                 v,
                 o.perm,
-                s.async_staging_apply(),
+                s.async_staging_apply() || slot_copy,
             );
         }
     }

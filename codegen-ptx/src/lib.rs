@@ -170,8 +170,9 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
         (Some(_), g) if g > 1 => format!("_rg{g}"),
         _ => String::new(),
     };
+    let sc = if s.slot_copies_apply() { "_sc" } else { "" };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}",
         spec.name(),
         kind.suffix(),
         s.tba

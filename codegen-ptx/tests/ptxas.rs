@@ -63,8 +63,8 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// loaders, padded and flat staging (C too with `FlatC`), with and without the C prefetch,
 /// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`), A and
 /// B copied verbatim with 16-bit fragment loads (`flat_fragments`), the verbatim copies
-/// through `cp.async` (`async_copies`), A and B realigned in shared memory
-/// (`realign_in_shared`), the epilogue's lanes in swapped order (`epilogue_swaps`),
+/// through `cp.async` (`async_copies`; A and B straight into their slots, `slot_copies`),
+/// A and B realigned in shared memory (`realign_in_shared`), the epilogue's lanes in swapped order (`epilogue_swaps`),
 /// column tiles in groups where each warp keeps a row of tiles (`row_group`), and whole
 /// columns of tiles a warp (`column_sweep`).
 fn mma_variants() -> Vec<GpuSchedule> {
@@ -83,12 +83,19 @@ fn mma_variants() -> Vec<GpuSchedule> {
                         });
                     }
                     if stage == Staging::FlatC {
-                        // C's verbatim copy through `cp.async`.
-                        out.push(GpuSchedule {
-                            stage,
-                            async_copies: true,
-                            ..GpuSchedule::mma(warps, tba, ldmatrix)
-                        });
+                        // C's verbatim copy through `cp.async`; A and B too, straight into
+                        // their slots (`slot_copies`), as they are and beside C over A.
+                        for (slot_copies, c_over_a) in [(false, false), (true, false), (true, true)]
+                        {
+                            out.push(GpuSchedule {
+                                stage,
+                                async_copies: true,
+                                slot_copies,
+                                c_over_a,
+                                realign_in_shared: slot_copies,
+                                ..GpuSchedule::mma(warps, tba, ldmatrix)
+                            });
+                        }
                     }
                     if stage != Staging::Padded {
                         // A and B realigned from verbatim copies in their slots.

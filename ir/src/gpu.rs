@@ -276,6 +276,17 @@ pub struct GpuSchedule {
     /// the other warps' tiles; docs/gpu-notes.md, version 29).
     #[serde(default)]
     pub row_group: u32,
+    /// Tensor-core kernels whose copies go through `cp.async` with C through shared memory
+    /// (`async_copies_apply`): A and B go straight into their padded slots through
+    /// `cp.async`, in the widest vectors their columns allow (4, 8 or 16 bytes), instead
+    /// of through registers (whole 16-byte columns) or as 16-byte copies of the whole span
+    /// realigned afterwards (columns of other even lengths). An operand whose columns are
+    /// an odd number of halves keeps its realigning copy (`cp.async` moves at least 4
+    /// bytes). Fewer instructions and registers: f16 114 on sm_90, 1288 -> 1032 SASS
+    /// instructions a thread, 64 -> 55 registers (docs/gpu-notes.md, version 30). Ignored
+    /// elsewhere.
+    #[serde(default)]
+    pub slot_copies: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -362,6 +373,7 @@ impl GpuSchedule {
             epilogue_swaps: false,
             column_sweep: false,
             row_group: 0,
+            slot_copies: false,
         }
     }
 
@@ -389,6 +401,7 @@ impl GpuSchedule {
             epilogue_swaps: false,
             column_sweep: false,
             row_group: 0,
+            slot_copies: false,
         }
     }
 
@@ -401,7 +414,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -440,7 +453,8 @@ impl GpuSchedule {
                 match self.row_group {
                     0 | 1 => String::new(),
                     g => format!(" rg{g}"),
-                }
+                },
+                if self.slot_copies_apply() { " sc" } else { "" }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}{}",
@@ -474,6 +488,12 @@ impl GpuSchedule {
         self.async_copies
             && self.mma.is_some()
             && (self.stage == Staging::FlatC || self.flat_fragments_apply())
+    }
+
+    /// Whether `slot_copies` takes effect (the batch form and the column lengths aside):
+    /// tensor-core kernels whose copies go through `cp.async`, without flat fragments.
+    pub fn slot_copies_apply(&self) -> bool {
+        self.slot_copies && self.async_copies_apply() && !self.flat_fragments_apply()
     }
 
     /// Whether `async_copies` takes effect on an FMA kernel: its element-wise (and aligned

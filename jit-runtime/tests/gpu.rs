@@ -888,6 +888,52 @@ fn f16_row_group_matches() {
     });
 }
 
+/// A and B straight into their padded slots through `cp.async` (`GpuSchedule::slot_copies`):
+/// m from 9 to 128 in steps of 3 (columns of 4-, 8- and 16-byte vectors, and odd ones that
+/// keep the realigning copy), one warp a row tile with column tiles in groups, 2 warps and
+/// 2 problems a block (the second problem's copy at another alignment), C over A with A
+/// and B realigned in shared memory where their columns are odd, 4 warps with 16-bit
+/// fragment loads; n and k off the tile multiples, every transpose, alpha and beta of each
+/// kind, beta 0 with NaN in C.
+#[test]
+fn f16_slot_copies_match() {
+    let Some(gpu) = gpu("f16_slot_copies") else {
+        return;
+    };
+    let cases = f16_flag_cases((9..=128usize).step_by(3).chain([120, 128]));
+    check_flag_cases(&gpu, "slot_copies", cases, (5700, 7), |i, spec| {
+        let m = spec.m();
+        let mt = m.div_ceil(16) as u32;
+        let flatc = |warps, tba, ldmatrix| GpuSchedule {
+            stage: Staging::FlatC,
+            async_copies: true,
+            slot_copies: true,
+            epilogue_swaps: m % 2 == 1,
+            ..GpuSchedule::mma(warps, tba, ldmatrix)
+        };
+        vec![
+            GpuSchedule {
+                row_group: 2 + i as u32 % 3,
+                ..flatc(mt, 1, true)
+            },
+            GpuSchedule {
+                mma_group: 2,
+                ..flatc(2, 2, true)
+            },
+            GpuSchedule {
+                c_over_a: true,
+                realign_in_shared: true,
+                min_blocks: 2,
+                ..flatc(2 * mt, 1, true)
+            },
+            flatc(4, 1, false),
+        ]
+        .into_iter()
+        .filter(|s| s.slot_copies_apply())
+        .collect()
+    });
+}
+
 /// Runs on each case `(i, spec)` the schedules `variants(i, spec)` gives (those that fit),
 /// against the reference, with seeds `base + i * step + count`; panics with the failures,
 /// or where no schedule fits at all.

@@ -978,7 +978,7 @@ mod tuning_tests {
     }
 
     /// The shipped database's GPU entries (an H200's squares, docs/gpu-notes.md, versions
-    /// 27 to 29) all parse, each belongs to a square strided shape, and each generates its kernel
+    /// 27 to 30) all parse, each belongs to a square strided shape, and each generates its kernel
     /// for that shape on sm_90.
     #[test]
     fn shipped_gpu_entries_generate_their_kernels() {
