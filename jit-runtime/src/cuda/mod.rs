@@ -977,9 +977,10 @@ mod tuning_tests {
         assert_eq!(key, "NVIDIA H100 80GB HBM3 | strided f32 17x17x17 nn");
     }
 
-    /// The shipped database's GPU entries (an H200's squares, docs/gpu-notes.md, versions
-    /// 27 to 30) all parse, each belongs to a square strided shape, and each generates its kernel
-    /// for that shape on sm_90.
+    /// The shipped database's GPU entries (an H200's squares, and the f64 buckets of its
+    /// variable-size batches; docs/gpu-notes.md, versions 27 to 30) all parse, each belongs
+    /// to a square strided shape or to a bucket's shape of the variable form, and each
+    /// generates its kernel for that shape and form on sm_90.
     #[test]
     fn shipped_gpu_entries_generate_their_kernels() {
         let shipped = crate::tuning::shipped();
@@ -988,21 +989,25 @@ mod tuning_tests {
         assert_eq!(tuned.len(), shipped.gpu.len());
         assert!(tuned.len() >= 40, "{} shipped GPU entries", tuned.len());
         let target = GpuTarget::new(Sm::Sm90);
-        let mut generated = 0;
+        let mut shapes: Vec<(Dtype, [usize; 3], BatchKind)> = Vec::new();
         for dtype in [Dtype::F64, Dtype::F32, Dtype::F16] {
-            for n in 1..=128 {
-                let spec = GemmSpec::builder(dtype, n, n, n).build().unwrap();
-                let key = gpu_tuning_key(device, &spec, BatchKind::Strided);
-                if let Some(schedule) = tuned.get(&key) {
-                    smallgemm_codegen_ptx::generate(
-                        &spec,
-                        &target,
-                        Some(schedule),
-                        BatchKind::Strided,
-                    )
-                    .unwrap_or_else(|e| panic!("{key}: {e}"));
-                    generated += 1;
+            shapes.extend((1..=128).map(|n| (dtype, [n; 3], BatchKind::Strided)));
+            for m in [BUCKET_MN, 2 * BUCKET_MN] {
+                for n in [BUCKET_MN, 2 * BUCKET_MN] {
+                    for k in [BUCKET_K, 2 * BUCKET_K] {
+                        shapes.push((dtype, [m, n, k], BatchKind::VariableSize));
+                    }
                 }
+            }
+        }
+        let mut generated = 0;
+        for (dtype, [m, n, k], kind) in shapes {
+            let spec = GemmSpec::builder(dtype, m, n, k).build().unwrap();
+            let key = gpu_tuning_key(device, &spec, kind);
+            if let Some(schedule) = tuned.get(&key) {
+                smallgemm_codegen_ptx::generate(&spec, &target, Some(schedule), kind)
+                    .unwrap_or_else(|e| panic!("{key}: {e}"));
+                generated += 1;
             }
         }
         assert_eq!(generated, tuned.len());
