@@ -635,6 +635,10 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
     } else {
         &[Staging::Padded, Staging::FlatC]
     };
+    // The columns' lengths of A and B as stored (`slot_copies` copies columns of whole
+    // pairs).
+    let a_lead = if p.trans_a == Trans::N { p.m } else { p.k };
+    let b_lead = if p.trans_b == Trans::N { p.k } else { p.n };
     let mut out = Vec::new();
     // One warp a row tile, its column tiles in groups (`row_group`): the H200's winners at
     // 34..47 and 65..79 (docs/gpu-notes.md, version 29).
@@ -668,14 +672,15 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
                             if stage == Staging::FlatC {
                                 out.extend(grouped(&p, &s));
                                 // C's copy through `cp.async`, and A and B straight into
-                                // their slots where a side is even (`slot_copies`): the
-                                // H200's winners at 34..116 (docs/gpu-notes.md, version 30).
+                                // their slots where a column's length is even
+                                // (`slot_copies`): the H200's winners at 34..116
+                                // (docs/gpu-notes.md, version 30).
                                 let copied = GpuSchedule {
                                     async_copies: true,
                                     ..s
                                 };
                                 let mut forms = vec![copied];
-                                if [p.m, p.n, p.k].iter().any(|x| x % 2 == 0) {
+                                if [a_lead, b_lead].iter().any(|x| x % 2 == 0) {
                                     forms.push(GpuSchedule {
                                         slot_copies: true,
                                         ..copied
@@ -1354,8 +1359,8 @@ mod tests {
 
     /// The default tensor-core candidates offer C through shared memory also with its copy
     /// through `cp.async`, and with A and B straight into their slots (`slot_copies`) where
-    /// a side is even, each a kernel of its own (114: columns of 4-byte vectors; 120: whole
-    /// 16-byte ones); at 113 no side is even.
+    /// a column's length is even, each a kernel of its own (114: columns of 4-byte vectors;
+    /// 120: whole 16-byte ones); at 113 no column's length is even.
     #[test]
     fn default_candidates_copy_a_and_b_straight_into_their_slots() {
         let target = GpuTarget::new(Sm::Sm90);

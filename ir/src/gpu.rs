@@ -282,9 +282,10 @@ pub struct GpuSchedule {
     /// of through registers (whole 16-byte columns) or as 16-byte copies of the whole span
     /// realigned afterwards (columns of other even lengths). An operand whose columns are
     /// an odd number of halves keeps its realigning copy (`cp.async` moves at least 4
-    /// bytes). Fewer instructions and registers: f16 114 on sm_90, 1288 -> 1032 SASS
-    /// instructions a thread, 64 -> 55 registers (docs/gpu-notes.md, version 30). Ignored
-    /// elsewhere.
+    /// bytes). Fewer instructions and registers (f16 114 on sm_90: 1288 -> 1032 SASS
+    /// instructions a thread, 64 -> 55 registers), more copies: on an H200 it won at about
+    /// a quarter of the sizes 16..128 and lost at most multiples of 8, so it is off unless
+    /// a schedule asks for it (docs/gpu-notes.md, version 30). Ignored elsewhere.
     #[serde(default)]
     pub slot_copies: bool,
 }

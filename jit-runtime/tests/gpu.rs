@@ -892,8 +892,8 @@ fn f16_row_group_matches() {
 /// m from 9 to 128 in steps of 3 (columns of 4-, 8- and 16-byte vectors, and odd ones that
 /// keep the realigning copy), one warp a row tile with column tiles in groups, 2 warps and
 /// 2 problems a block (the second problem's copy at another alignment), C over A with A
-/// and B realigned in shared memory where their columns are odd, 4 warps with 16-bit
-/// fragment loads; n and k off the tile multiples, every transpose, alpha and beta of each
+/// and B realigned in shared memory where their columns are odd, 4 warps without
+/// `ldmatrix`; n and k off the tile multiples, every transpose, alpha and beta of each
 /// kind, beta 0 with NaN in C.
 #[test]
 fn f16_slot_copies_match() {
