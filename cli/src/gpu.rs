@@ -565,14 +565,23 @@ struct TuneArgs {
 
 /// The candidates a variable-size batch can run (FMA kernels with padded staging), each
 /// also with vector reads of A and B (`vector_reads`), and each of those with the staging
-/// through `cp.async` (`async_copies`).
+/// through `cp.async` (`async_copies`); then the planned schedule with 6, 7 and 8 blocks
+/// per SM for ptxas (`min_blocks`: with it the H200's f64 buckets of 32 and 64 threads took
+/// more registers and gained 3 points; docs/gpu-notes.md, version 30).
 fn variable_candidates(spec: &GemmSpec, target: &GpuTarget) -> Vec<GpuSchedule> {
-    candidates(spec, target)
+    let mut out: Vec<GpuSchedule> = candidates(spec, target)
         .into_iter()
         .filter(|s| s.mma.is_none() && s.stage == Staging::Padded)
         .flat_map(|s| [false, true].map(|vector_reads| GpuSchedule { vector_reads, ..s }))
         .flat_map(|s| [false, true].map(|async_copies| GpuSchedule { async_copies, ..s }))
-        .collect()
+        .collect();
+    if let Ok(planned) = smallgemm_codegen_ptx::plan(spec, target, BatchKind::VariableSize) {
+        out.extend([6, 7, 8].map(|min_blocks| GpuSchedule {
+            min_blocks,
+            ..planned
+        }));
+    }
+    out
 }
 
 /// Candidate schedules for a square problem, pruned by the hard limits of the device and
@@ -1380,6 +1389,41 @@ mod tests {
                 let code = ptx_code(&spec, &target, s);
                 assert!(code.is_some(), "n = {n}: {s:?} does not compile");
                 assert_ne!(code, ptx_code(&spec, &target, &copied), "n = {n}: {s:?}");
+            }
+        }
+    }
+
+    /// The variable-size candidates end with the planned schedule at 6, 7 and 8 blocks per
+    /// SM (the H200's f64 bucket entries: 7), each a kernel of its own that fits.
+    #[test]
+    fn variable_candidates_ask_for_blocks_per_sm() {
+        let target = GpuTarget::new(Sm::Sm90);
+        for (dtype, m, n, k) in [
+            (Dtype::F64, 32, 32, 32),
+            (Dtype::F64, 16, 32, 16),
+            (Dtype::F32, 32, 32, 16),
+        ] {
+            let spec = GemmSpec::builder(dtype, m, n, k).build().unwrap();
+            let planned =
+                smallgemm_codegen_ptx::plan(&spec, &target, BatchKind::VariableSize).unwrap();
+            let c = variable_candidates(&spec, &target);
+            for min_blocks in [6, 7, 8] {
+                let s = GpuSchedule {
+                    min_blocks,
+                    ..planned
+                };
+                assert!(c.contains(&s), "{dtype:?} {m}x{n}x{k}: {s:?}");
+                let kernel = smallgemm_codegen_ptx::generate(
+                    &spec,
+                    &target,
+                    Some(&s),
+                    BatchKind::VariableSize,
+                )
+                .unwrap_or_else(|e| panic!("{dtype:?} {m}x{n}x{k}: {e}"));
+                assert!(
+                    kernel.ptx.contains(".minnctapersm"),
+                    "{dtype:?} {m}x{n}x{k}"
+                );
             }
         }
     }
