@@ -1313,6 +1313,22 @@ mod tests {
             .unwrap()
     }
 
+    /// Candidate `s` comes in `candidates` with `twin` (it without the flag under test),
+    /// compiles, and gives code of its own.
+    fn assert_own_kernel(
+        spec: &GemmSpec,
+        target: &GpuTarget,
+        candidates: &[GpuSchedule],
+        s: &GpuSchedule,
+        twin: &GpuSchedule,
+        what: &str,
+    ) {
+        assert!(candidates.contains(twin), "{what}: {s:?}");
+        let code = ptx_code(spec, target, s);
+        assert!(code.is_some(), "{what}: {s:?} does not compile");
+        assert_ne!(code, ptx_code(spec, target, twin), "{what}: {s:?}");
+    }
+
     /// The default FMA candidates (`tune --gpu` without filters) offer each flat-staged
     /// schedule also through `cp.async`, as a kernel of its own: the H200's winners.
     #[test]
@@ -1330,14 +1346,7 @@ mod tests {
                         async_copies: false,
                         ..*s
                     };
-                    assert!(c.contains(&plain), "{dtype:?} {n}: {s:?}");
-                    let code = ptx_code(&spec, &target, s);
-                    assert!(code.is_some(), "{dtype:?} {n}: {s:?} does not compile");
-                    assert_ne!(
-                        code,
-                        ptx_code(&spec, &target, &plain),
-                        "{dtype:?} {n}: {s:?}"
-                    );
+                    assert_own_kernel(&spec, &target, &c, s, &plain, &format!("{dtype:?} {n}"));
                 }
             }
         }
@@ -1358,10 +1367,7 @@ mod tests {
             for s in grouped {
                 assert_eq!(s.warps % mt, 0, "n = {n}: {s:?}");
                 let plain = GpuSchedule { row_group: 0, ..*s };
-                assert!(c.contains(&plain), "n = {n}: {s:?}");
-                let code = ptx_code(&spec, &target, s);
-                assert!(code.is_some(), "n = {n}: {s:?} does not compile");
-                assert_ne!(code, ptx_code(&spec, &target, &plain), "n = {n}: {s:?}");
+                assert_own_kernel(&spec, &target, &c, s, &plain, &format!("n = {n}"));
             }
         }
     }
@@ -1385,10 +1391,7 @@ mod tests {
                     slot_copies: false,
                     ..*s
                 };
-                assert!(c.contains(&copied), "n = {n}: {s:?}");
-                let code = ptx_code(&spec, &target, s);
-                assert!(code.is_some(), "n = {n}: {s:?} does not compile");
-                assert_ne!(code, ptx_code(&spec, &target, &copied), "n = {n}: {s:?}");
+                assert_own_kernel(&spec, &target, &c, s, &copied, &format!("n = {n}"));
             }
         }
     }
