@@ -1247,19 +1247,7 @@ fn tune_buckets(
         d.name(),
         100.0 * current
     );
-    // Each bucket's bound: the multiples of the bucket step up to the batch's own bound.
-    let bounds = |extent: usize, step: usize| -> Vec<usize> {
-        (1..=extent.div_ceil(step))
-            .map(|i| (i * step).min(extent))
-            .collect()
-    };
-    let ks = bounds(spec.k(), cuda::BUCKET_K);
-    let ns = bounds(spec.n(), cuda::BUCKET_MN);
-    let mut sides: Vec<(usize, usize, usize)> = bounds(spec.m(), cuda::BUCKET_MN)
-        .into_iter()
-        .flat_map(|m| ns.iter().map(move |&n| (m, n)))
-        .flat_map(|(m, n)| ks.iter().map(move |&k| (m, n, k)))
-        .collect();
+    let mut sides = cuda::bucket_bounds(spec);
     sides.sort_by_key(|&(m, n, k)| std::cmp::Reverse(m * n * k));
     for (m, n, k) in sides {
         let sub = cuda::bucket_spec(spec, m, n, k).map_err(|e| e.to_string())?;

@@ -66,9 +66,9 @@ pub fn default_path() -> Option<PathBuf> {
 /// those), and an AMD EPYC (Zen 4) where only the winners that `smallgemm
 /// bench` confirmed against the planner in three alternated runs were kept: f64 3x3x3 and
 /// 4x4x4 (docs/perf-notes.md, ninth session), and f64 and f32 4x4x8, 4x4x16 and 4x4x32
-/// (tenth session). Its `gpu` section holds an H200's squares where they beat the planner's
-/// H100 defaults in the bench (docs/gpu-notes.md, versions 27 to 30); `Gpu` reads them
-/// beneath the user's entries.
+/// (tenth session). Its `gpu` section holds an H200's squares, and the f64 buckets of its
+/// variable-size batches, where they beat the planner's H100 defaults in the bench
+/// (docs/gpu-notes.md, versions 27 to 30); `Gpu` reads them beneath the user's entries.
 pub fn shipped() -> &'static TuningDb {
     shipped_shared()
 }

@@ -838,6 +838,24 @@ pub const BUCKET_MN: usize = 16;
 /// gained nothing.
 pub const BUCKET_K: usize = 16;
 
+/// Every bucket a variable-size batch bounded by `spec` may have, as its (m, n, k) bounds:
+/// the multiples of [`BUCKET_MN`] (m, n) and [`BUCKET_K`] (k) up to `spec`'s extents, the
+/// last one `spec`'s own, as [`Gpu::bucket_variable`] rounds them.
+pub fn bucket_bounds(spec: &GemmSpec) -> Vec<(usize, usize, usize)> {
+    let steps = |extent: usize, step: usize| -> Vec<usize> {
+        (1..=extent.div_ceil(step))
+            .map(|i| (i * step).min(extent))
+            .collect()
+    };
+    let ns = steps(spec.n(), BUCKET_MN);
+    let ks = steps(spec.k(), BUCKET_K);
+    steps(spec.m(), BUCKET_MN)
+        .into_iter()
+        .flat_map(|m| ns.iter().map(move |&n| (m, n)))
+        .flat_map(|(m, n)| ks.iter().map(move |&k| (m, n, k)))
+        .collect()
+}
+
 /// The spec of the bucket of `spec`'s variable-size batch whose problems have m, n and k up
 /// to `m`, `n` and `k` ([`Gpu::bucket_variable`] rounds m and n up to multiples of
 /// [`BUCKET_MN`], k to one of [`BUCKET_K`]): its kernel, and its tuning database key, are
@@ -977,6 +995,24 @@ mod tuning_tests {
         assert_eq!(key, "NVIDIA H100 80GB HBM3 | strided f32 17x17x17 nn");
     }
 
+    /// A batch's bucket bounds step by 16 up to its own extents, the last one those.
+    #[test]
+    fn bucket_bounds_end_at_the_batch_bound() {
+        let spec = |m, n, k| GemmSpec::builder(Dtype::F64, m, n, k).build().unwrap();
+        assert_eq!(bucket_bounds(&spec(32, 32, 32)).len(), 8);
+        assert_eq!(
+            bucket_bounds(&spec(20, 33, 16)),
+            vec![
+                (16, 16, 16),
+                (16, 32, 16),
+                (16, 33, 16),
+                (20, 16, 16),
+                (20, 32, 16),
+                (20, 33, 16)
+            ]
+        );
+    }
+
     /// The shipped database's GPU entries (an H200's squares, and the f64 buckets of its
     /// variable-size batches; docs/gpu-notes.md, versions 27 to 30) all parse, each belongs
     /// to a square strided shape or to a bucket's shape of the variable form, and each
@@ -992,13 +1028,13 @@ mod tuning_tests {
         let mut shapes: Vec<(Dtype, [usize; 3], BatchKind)> = Vec::new();
         for dtype in [Dtype::F64, Dtype::F32, Dtype::F16] {
             shapes.extend((1..=128).map(|n| (dtype, [n; 3], BatchKind::Strided)));
-            for m in [BUCKET_MN, 2 * BUCKET_MN] {
-                for n in [BUCKET_MN, 2 * BUCKET_MN] {
-                    for k in [BUCKET_K, 2 * BUCKET_K] {
-                        shapes.push((dtype, [m, n, k], BatchKind::VariableSize));
-                    }
-                }
-            }
+            // The buckets of a batch of sizes up to 32 (the bench's).
+            let bound = GemmSpec::builder(dtype, 32, 32, 32).build().unwrap();
+            shapes.extend(
+                bucket_bounds(&bound)
+                    .into_iter()
+                    .map(|(m, n, k)| (dtype, [m, n, k], BatchKind::VariableSize)),
+            );
         }
         let mut generated = 0;
         for (dtype, [m, n, k], kind) in shapes {
