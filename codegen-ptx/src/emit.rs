@@ -810,15 +810,7 @@ fn load_realigned(
             })
             .collect();
         if let Some(last) = &last {
-            for (j, oj) in o.iter().enumerate() {
-                if 2 * j >= tail {
-                    asm.op(format!("selp.b32 {oj}, 0, {oj}, {last}"));
-                } else if 2 * j + 1 == tail {
-                    let m = asm.reg(Kind::B32);
-                    asm.op(format!("and.b32 {m}, {oj}, 65535"));
-                    asm.op(format!("selp.b32 {oj}, {m}, {oj}, {last}"));
-                }
-            }
+            zero_past_tail(asm, &o, tail, last);
         }
         let at = asm.reg(Kind::B32);
         asm.op(format!("mad.lo.u32 {at}, {col}, {}, {shared}", 2 * so));
@@ -830,6 +822,128 @@ fn load_realigned(
         }
     }
     stores
+}
+
+/// `load_realigned` from the operand's verbatim copy at the start of its own slot (`first`:
+/// the shared address of its first element; `GpuSchedule::realign_in_shared`), with fewer
+/// instructions: shared memory takes 4-byte loads wherever they fall, so each vector is
+/// the five words from its first half's word on, funnel-shifted by its half-word offset
+/// (5 loads and 4 shifts, where two aligned 16-byte loads need 12 selects by the vector's
+/// misalignment and 4 shifts). Consecutive threads take consecutive columns at the same
+/// place in them (not consecutive places in one column): their words, `lead` halves
+/// apart, then mostly fall in different banks, where 16 bytes apart four threads would
+/// share a bank; where they do not, `realign_words_pay` keeps `load_realigned`.
+/// Returns the stores, which may follow only a barrier after every thread's reads
+/// (`store_realigned`).
+#[allow(clippy::too_many_arguments)]
+fn realign_in_shared(
+    asm: &mut Asm,
+    lt: &str,
+    tpp: usize,
+    first: &str,
+    shared: &str,
+    lead: usize,
+    others: usize,
+    so: usize,
+    multiply_high: bool,
+) -> Vec<RealignedStore> {
+    debug_assert!(so % 8 == 0);
+    let per_col = lead.div_ceil(8);
+    let total = per_col * others;
+    let tail = lead % 8;
+    let mut stores = Vec::new();
+    for i in 0..total.div_ceil(tpp) {
+        // Vector q: column q % others, place q / others in it.
+        let (pred, r, col) = vector_slot(asm, lt, tpp, i, others, total, multiply_high);
+        let at = asm.reg(Kind::B32);
+        asm.op(format!("mul.lo.u32 {at}, {r}, 16"));
+        asm.op(format!("mad.lo.u32 {at}, {col}, {}, {at}", 2 * lead));
+        asm.op(format!("add.u32 {at}, {at}, {first}"));
+        let half = asm.reg(Kind::B32);
+        asm.op(format!("and.b32 {half}, {at}, 2"));
+        asm.op(format!("shl.b32 {half}, {half}, 3"));
+        asm.op(format!("and.b32 {at}, {at}, -4"));
+        let w: Vec<String> = (0..5).map(|_| asm.reg(Kind::B32)).collect();
+        for (j, x) in w.iter().enumerate() {
+            asm.op(format!(
+                "{}ld.shared.b32 {x}, [{at}+{}]",
+                guard(&pred),
+                4 * j
+            ));
+        }
+        let o: Vec<String> = (0..4)
+            .map(|j| {
+                let o = asm.reg(Kind::B32);
+                asm.op(format!(
+                    "shf.r.clamp.b32 {o}, {}, {}, {half}",
+                    w[j],
+                    w[j + 1]
+                ));
+                o
+            })
+            .collect();
+        if tail != 0 {
+            let last = asm.reg(Kind::Pred);
+            asm.op(format!("setp.eq.u32 {last}, {r}, {}", per_col - 1));
+            zero_past_tail(asm, &o, tail, &last);
+        }
+        let to = asm.reg(Kind::B32);
+        asm.op(format!("mad.lo.u32 {to}, {col}, {}, {shared}", 2 * so));
+        asm.op(format!("mad.lo.u32 {to}, {r}, 16, {to}"));
+        stores.push(RealignedStore {
+            pred,
+            at: to,
+            words: o,
+        });
+    }
+    stores
+}
+
+/// Bytes past a verbatim copy's 16-byte vectors that `realign_in_shared` may read (at
+/// most 18: the last vector's fifth word), which its slot must hold.
+const REALIGN_WORDS_SLACK: usize = 20;
+
+/// Whether `realign_in_shared` should realign an operand of `others` columns of `lead`
+/// halves (rather than `load_realigned` from shared memory): where a warp's five 4-byte
+/// loads take fewer than 12 shared-memory wavefronts a vector on average (over the
+/// vectors and the copy's 8 possible misalignments), 1.5 times the 8 of the two
+/// 16-byte loads. Measured on the H200 (f16 squares with the shipped schedules, two runs
+/// of each kernel alternated, docs/gpu-notes.md version 31): below 12 the words gained
+/// up to 8 points of the bound (75 84 -> 92%, 70 83 -> 89%), 7 of 74 sizes lost 0.3 to
+/// 1.5; from 12 on (35, 36, 43, 63, 71, 107, 127) none gained and 43 and 63 lost 6.
+fn realign_words_pay(lead: usize, others: usize) -> bool {
+    let per_col = lead.div_ceil(8);
+    let total = per_col * others;
+    let (mut wavefronts, mut warps) = (0, 0);
+    for shift in (0..16).step_by(2) {
+        for first in (0..total).step_by(32) {
+            // Word of each lane's first load (vector q: column q % others, place q / others).
+            let word = |lane: usize| {
+                let q = first + lane;
+                (shift + 2 * lead * (q % others) + 16 * (q / others)) / 4
+            };
+            let lanes = 32.min(total - first);
+            wavefronts += (0..5)
+                .map(|j| bank_degree(lanes, 4, |lane| 4 * (word(lane) + j)))
+                .sum::<usize>();
+            warps += 1;
+        }
+    }
+    wavefronts < 12 * warps
+}
+
+/// Zeros in the halves of a column's last vector (held as 4 words) past its `tail`
+/// halves inside the column, where `last` says the vector is one.
+fn zero_past_tail(asm: &mut Asm, o: &[String], tail: usize, last: &str) {
+    for (j, oj) in o.iter().enumerate() {
+        if 2 * j >= tail {
+            asm.op(format!("selp.b32 {oj}, 0, {oj}, {last}"));
+        } else if 2 * j + 1 == tail {
+            let m = asm.reg(Kind::B32);
+            asm.op(format!("and.b32 {m}, {oj}, 65535"));
+            asm.op(format!("selp.b32 {oj}, {m}, {oj}, {last}"));
+        }
+    }
 }
 
 /// A or B as the staging into its padded slot sees it: its stored lead (`lead`, extent
@@ -870,7 +984,7 @@ fn copy_verbatim(
     slot_bytes: usize,
 ) -> Option<String> {
     let vectors = (len + 7).div_ceil(8);
-    if vectors * 16 > slot_bytes {
+    if vectors * 16 + REALIGN_WORDS_SLACK > slot_bytes {
         return None;
     }
     let end = asm.imm32(len as u64);
@@ -1491,17 +1605,32 @@ pub(crate) fn kernel(
         let stores: Vec<Vec<RealignedStore>> = deferred
             .iter()
             .map(|(o, first)| {
-                load_realigned(
-                    &mut asm,
-                    &lt,
-                    tpp,
-                    RealignFrom::Shared(first),
-                    o.slot,
-                    o.lead.max,
-                    o.other.max,
-                    o.so,
-                    multiply_high,
-                )
+                let (lead, others) = (o.lead.max, o.other.max);
+                if realign_words_pay(lead, others) {
+                    realign_in_shared(
+                        &mut asm,
+                        &lt,
+                        tpp,
+                        first,
+                        o.slot,
+                        lead,
+                        others,
+                        o.so,
+                        multiply_high,
+                    )
+                } else {
+                    load_realigned(
+                        &mut asm,
+                        &lt,
+                        tpp,
+                        RealignFrom::Shared(first),
+                        o.slot,
+                        lead,
+                        others,
+                        o.so,
+                        multiply_high,
+                    )
+                }
             })
             .collect();
         asm.op(&barrier);
@@ -3779,7 +3908,18 @@ fn flat_copy(
 
 #[cfg(test)]
 mod tests {
-    use super::{epilogue_degrees, epilogue_swap_table, slot_magic};
+    use super::{epilogue_degrees, epilogue_swap_table, realign_words_pay, slot_magic};
+
+    /// The square f16 sizes whose realigning in shared memory keeps the 16-byte loads: the
+    /// ones the H200 measured without a gain from the 4-byte words (43 and 63 lost 6 points).
+    #[test]
+    fn realign_words_where_the_banks_allow() {
+        let kept: Vec<usize> = (17..128)
+            .filter(|n| n % 8 != 0 && !realign_words_pay(*n, *n))
+            .collect();
+        assert_eq!(kept, [17, 20, 28, 35, 36, 43, 60, 63, 71, 107, 127]);
+        assert!(realign_words_pay(75, 75) && realign_words_pay(113, 113));
+    }
 
     /// The epilogue's lane order: a permutation of each lane's four accumulators, plain
     /// where the plain order has no conflicts (padded copies: ld a multiple of 8 plus 4 or
