@@ -909,8 +909,9 @@ const REALIGN_WORDS_SLACK: usize = 20;
 /// vectors and the copy's 8 possible misalignments), 1.5 times the 8 of the two
 /// 16-byte loads. Measured on the H200 (f16 squares with the shipped schedules, two runs
 /// of each kernel alternated, docs/gpu-notes.md version 31): below 12 the words gained
-/// up to 8 points of the bound (75 84 -> 92%, 70 83 -> 89%), 7 of 74 sizes lost 0.3 to
-/// 1.5; from 12 on (35, 36, 43, 63, 71, 107, 127) none gained and 43 and 63 lost 6.
+/// up to 8 points of the bound (75 84 -> 92%, 70 83 -> 89%), 5 of 76 sizes lost 0.3 to
+/// 1.5; from 12 on (35, 36, 43, 63, 71, 107, 127) none gained, and 43 and 63 lost 5.6
+/// and 6.2.
 fn realign_words_pay(lead: usize, others: usize) -> bool {
     let per_col = lead.div_ceil(8);
     let total = per_col * others;

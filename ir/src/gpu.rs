@@ -243,8 +243,11 @@ pub struct GpuSchedule {
     /// memory: every thread reads and shifts its vectors, a barrier of the problem's
     /// threads (named barrier 1 + g for problem g of a block, hence the 15), and the stores
     /// overwrite the copy. The global loads then no longer go out in rounds bounded by the
-    /// registers (version 15's limit at the large odd sizes). Ignored elsewhere, and for an
-    /// operand whose verbatim copy is larger than its slot.
+    /// registers (version 15's limit at the large odd sizes). A vector is read as five
+    /// 4-byte words and funnel-shifted (two 16-byte loads and selects where the words'
+    /// bank conflicts would cost more; docs/gpu-notes.md, version 31). Ignored elsewhere,
+    /// and for an operand whose verbatim copy (with 20 bytes to spare) is larger than its
+    /// slot.
     #[serde(default)]
     pub realign_in_shared: bool,
     /// Tensor-core kernels with C through shared memory (`Staging::FlatC`): in the
