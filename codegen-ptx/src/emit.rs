@@ -917,7 +917,9 @@ fn realign_words_pay(lead: usize, others: usize) -> bool {
     let total = per_col * others;
     let (mut wavefronts, mut warps) = (0, 0);
     for shift in (0..16).step_by(2) {
-        for first in (0..total).step_by(32) {
+        // The first 64 warps' vectors (every vector up to 128 x 128): a sample that
+        // bounds the code generator's work at larger operands.
+        for first in (0..total).step_by(32).take(64) {
             // Word of each lane's first load (vector q: column q % others, place q / others).
             let word = |lane: usize| {
                 let q = first + lane;
