@@ -1233,7 +1233,7 @@ pub(crate) fn kernel(
     asm.op(format!("setp.ge.u32 {out}, {pi}, {batch}"));
     let sbase = asm.reg(Kind::B32);
     asm.op(format!("mov.u32 {sbase}, smem"));
-    let flat = flat_plan(p, s, kind);
+    let flat = flat_plan(p, s, kind, sm);
     // Tensor-core kernels with C through shared memory also stage with their global loads
     // grouped (`Asm::sink_shared_stores`): without C's prefetched values and global
     // addresses in registers, the loads' registers fit. 16 words (four 16-byte vectors) a
@@ -1418,7 +1418,7 @@ pub(crate) fn kernel(
     // Tensor-core kernels with a C prefetch: C's loads go out before A's and B's.
     // (With C staged flat, its old values are read from shared memory in the epilogue.)
     let mut mma_warp_early = (s.mma.is_some() && s.prefetch_c && sc.is_none())
-        .then(|| mma_warp(&mut asm, p, s, &lt, &problem, &epi, true, None));
+        .then(|| mma_warp(&mut asm, p, s, &lt, &problem, &epi, true, None, false));
     asm.comment("stage A and B in shared memory");
     let staging = asm.body.len();
     let (mext, kext, next) = match s.mma {
@@ -1691,7 +1691,8 @@ pub(crate) fn kernel(
                 None => {
                     let c_ld = flat.c_pad.map_or(p.m, |c| c.c_ld);
                     let sc = sc.as_deref().map(|r| (r, c_ld));
-                    mma_warp(&mut asm, p, s, &lt, &problem, &epi, false, sc)
+                    let matrix = flat.c_pad.is_some_and(|c| c.matrix);
+                    mma_warp(&mut asm, p, s, &lt, &problem, &epi, false, sc, matrix)
                 }
             };
             // C over A: once every warp holds its A fragments, C's copy takes A's place
@@ -1911,6 +1912,27 @@ impl Epilogue {
         old: Option<&str>,
         space: &str,
     ) {
+        let result = self.combine(asm, v, |asm| match old {
+            Some(o) => o.to_string(),
+            None => self.load(asm, addr, pred, space),
+        });
+        let sty = self.sty;
+        match self.dtype {
+            Dtype::F16 => {
+                let h = asm.reg(Kind::B16);
+                asm.op(format!("cvt.rn.f16.f32 {h}, {result}"));
+                asm.op(format!("{}st.{space}.b16 [{addr}], {h}", guard(pred)));
+            }
+            _ => asm.op(format!(
+                "{}st.{space}.{sty} [{addr}], {result}",
+                guard(pred)
+            )),
+        }
+    }
+
+    /// alpha * v + beta * old in the epilogue type, `old` (C's old value in that type)
+    /// asked for only where beta needs it.
+    fn combine(&self, asm: &mut Asm, v: &str, old: impl FnOnce(&mut Asm) -> String) -> String {
         let sty = self.sty;
         let scaled = match self.alpha {
             Scalar::One => v.to_string(),
@@ -1934,13 +1956,10 @@ impl Epilogue {
                 r
             }
         };
-        let result = if self.beta == Scalar::Zero {
+        if self.beta == Scalar::Zero {
             scaled
         } else {
-            let old = match old {
-                Some(o) => o.to_string(),
-                None => self.load(asm, addr, pred, space),
-            };
+            let old = old(asm);
             let r = asm.reg(self.skind);
             match self.beta {
                 Scalar::One => asm.op(format!("add.rn.{sty} {r}, {scaled}, {old}")),
@@ -1954,17 +1973,6 @@ impl Epilogue {
                 }
             }
             r
-        };
-        match self.dtype {
-            Dtype::F16 => {
-                let h = asm.reg(Kind::B16);
-                asm.op(format!("cvt.rn.f16.f32 {h}, {result}"));
-                asm.op(format!("{}st.{space}.b16 [{addr}], {h}", guard(pred)));
-            }
-            _ => asm.op(format!(
-                "{}st.{space}.{sty} [{addr}], {result}",
-                guard(pred)
-            )),
         }
     }
 
@@ -2378,6 +2386,11 @@ struct MmaWarp {
     /// Where the tiles' slots come in `mma_body`, before each epilogue (column sweep
     /// without the C prefetch): what they need.
     gen: Option<SlotGen>,
+    /// C's padded copy in shared memory moved a tile at a time by `ldmatrix` and
+    /// `stmatrix` (`CPad::matrix`; the tiles then have no slots): the copy's address and
+    /// this lane's byte offset of the row it gives them (lane l: column l % 8, rows 8
+    /// (l / 8 % 2) on, of the tile), and the copy's column stride in elements.
+    matrix: Option<(String, String, usize)>,
 }
 
 /// The lane-dependent order in which a warp's lanes visit the four accumulators of a tile
@@ -2513,6 +2526,7 @@ fn mma_warp(
     epi: &Epilogue,
     prefetch: bool,
     sc: Option<(&str, usize)>,
+    matrix: bool,
 ) -> MmaWarp {
     let shape = s.mma.unwrap_or(smallgemm_ir::MmaShape::M16N8K16);
     let w = s.warps as usize;
@@ -2606,6 +2620,14 @@ fn mma_warp(
         c: problem.c.clone(),
     };
     let deferred = sweep && !prefetch;
+    let matrix = sc.filter(|_| matrix).map(|(base, ldc)| {
+        let (l7, l8, off) = (asm.reg(Kind::B32), asm.reg(Kind::B32), asm.reg(Kind::B32));
+        asm.op(format!("and.b32 {l7}, {lane}, 7"));
+        asm.op(format!("and.b32 {l8}, {lane}, 8"));
+        asm.op(format!("mad.lo.u32 {off}, {l7}, {ldc}, {l8}"));
+        asm.op(format!("shl.b32 {off}, {off}, 1"));
+        (base.to_string(), off, ldc)
+    });
     let mut out = Vec::new();
     for q in 0..rounds {
         let mut coords = Vec::new();
@@ -2667,7 +2689,7 @@ fn mma_warp(
         for (tmr, tnr, tn_max, valid, hangs) in coords {
             // Column sweep: the slots of each tile come in `mma_body`, just before its
             // epilogue (fewer registers and predicates live through the mma).
-            let slots = if deferred {
+            let slots = if deferred || matrix.is_some() {
                 Vec::new()
             } else {
                 gen.slots(asm, p, epi, &tmr, &tnr, &valid, &hangs, prefetch, None)
@@ -2691,7 +2713,8 @@ fn mma_warp(
         space: if sc.is_some() { "shared" } else { "global" },
         swaps,
         sweep,
-        gen: deferred.then_some(gen),
+        gen: (deferred && matrix.is_none()).then_some(gen),
+        matrix,
     }
 }
 
@@ -3236,6 +3259,10 @@ fn mma_body(
             }
         }
         for (i, (acc, tile)) in accs.iter().zip(tiles).enumerate() {
+            if let Some((base, off, ldc)) = &mw.matrix {
+                matrix_epilogue(asm, epi, acc, tile, base, off, *ldc);
+                continue;
+            }
             let late;
             let slots = match &mw.gen {
                 // Column sweep: row tile i, column tile q where one warp takes them all.
@@ -3271,6 +3298,77 @@ fn mma_body(
             asm.place(&skip);
         }
     }
+}
+
+/// One tile's epilogue on C's padded copy in shared memory (`MmaWarp::matrix`): its old
+/// values (beta != 0) come in one `ldmatrix .trans` (two 8x8 matrices, rows 0-7 and 8-15
+/// of the tile's 8 columns: lane (g, t) gets (g, 2t) and (g, 2t + 1), and the same 8 rows
+/// down, its accumulators' places), the results go back in one `stmatrix .trans`, where
+/// the 16-bit loads and stores take four each. Rows past m and columns past n (up to the
+/// tile's) lie in the copy's padding, never copied out; a tile that hangs past the last
+/// column tile neither reads nor writes.
+fn matrix_epilogue(
+    asm: &mut Asm,
+    epi: &Epilogue,
+    acc: &[String; 4],
+    tile: &MmaTile,
+    base: &str,
+    lane_off: &str,
+    ldc: usize,
+) {
+    let addr = asm.reg(Kind::B32);
+    asm.op(format!(
+        "mad.lo.u32 {addr}, {}, {}, {base}",
+        tile.tnr,
+        16 * ldc
+    ));
+    asm.op(format!("mad.lo.u32 {addr}, {}, 32, {addr}", tile.tmr));
+    asm.op(format!("add.u32 {addr}, {addr}, {lane_off}"));
+    let g = guard(&tile.hangs);
+    let old: Option<Vec<String>> = (epi.beta != Scalar::Zero).then(|| {
+        let w: Vec<String> = (0..2).map(|_| asm.reg(Kind::B32)).collect();
+        for x in &w {
+            asm.op(format!("mov.b32 {x}, 0"));
+        }
+        asm.op(format!(
+            "{g}ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {{{}}}, [{addr}]",
+            w.join(", ")
+        ));
+        w.iter()
+            .flat_map(|x| {
+                let h = [asm.reg(Kind::B16), asm.reg(Kind::B16)];
+                asm.op(format!("mov.b32 {{{}, {}}}, {x}", h[0], h[1]));
+                h.map(|h| {
+                    let f = asm.reg(Kind::F32);
+                    asm.op(format!("cvt.f32.f16 {f}, {h}"));
+                    f
+                })
+            })
+            .collect()
+    });
+    let results: Vec<String> = acc
+        .iter()
+        .enumerate()
+        .map(|(e, v)| {
+            // (Asked for only where beta needs it: `old` is there then.)
+            epi.combine(asm, v, |_| {
+                old.as_ref().map(|o| o[e].clone()).unwrap_or_default()
+            })
+        })
+        .collect();
+    let words: Vec<String> = results
+        .chunks(2)
+        .map(|pair| {
+            let d = asm.reg(Kind::B32);
+            // The first of the pair (lower column) in the low half.
+            asm.op(format!("cvt.rn.f16x2.f32 {d}, {}, {}", pair[1], pair[0]));
+            d
+        })
+        .collect();
+    asm.op(format!(
+        "{g}stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [{addr}], {{{}}}",
+        words.join(", ")
+    ));
 }
 
 /// Which lanes of a warp load one half of a fragment word in the last k step: those of
@@ -3376,6 +3474,20 @@ pub(crate) struct CPad {
     c_ld: usize,
     /// Halves per vector of the column copy (8, 4 or 2: what m, ldc and the stride allow).
     cv: usize,
+    /// The epilogue moves whole tiles with `ldmatrix` / `stmatrix` (sm_90, no epilogue
+    /// swaps): the copy then has room for n rounded up to 8 columns (`MmaWarp::matrix`).
+    matrix: bool,
+}
+
+impl CPad {
+    /// Columns of C's copy: n, or with the `ldmatrix` epilogue n rounded up to whole tiles.
+    fn columns(&self, p: &ColMajorProblem) -> usize {
+        if self.matrix {
+            p.n.next_multiple_of(8)
+        } else {
+            p.n
+        }
+    }
 }
 
 /// The shared-memory plan of a kernel: which operands are staged flat, and the bytes.
@@ -3419,7 +3531,7 @@ fn bank_degree(threads: usize, elt: usize, addr: impl Fn(usize) -> usize) -> usi
 }
 
 /// Decides the staging of each operand under `s.stage` (see [`smallgemm_ir::Staging`]).
-pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -> FlatPlan {
+pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, sm: Sm) -> FlatPlan {
     let layout = s.shared_layout(p);
     let elt = p.dtype.size();
     let tba = s.tba as usize;
@@ -3502,15 +3614,20 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
         .map(|cv| {
             let mm = p.m.next_multiple_of(8);
             let c_ld = if (mm / 8) % 2 == 0 { mm + 8 } else { mm + 16 };
+            let matrix = sm == Sm::Sm90
+                && !s.element_epilogue_apply()
+                && (!s.epilogue_swaps_apply() || epilogue_swap_table(c_ld) == [0; 4]);
+            let cols = if matrix { p.n.next_multiple_of(8) } else { p.n };
             CPad {
                 // After the padded copies of A and B that are in the slot.
-                c_in_slot: if over_a && c_ld * p.n <= layout.a_len {
+                c_in_slot: if over_a && c_ld * cols <= layout.a_len {
                     0
                 } else {
                     (!a_ok as usize) * layout.a_len + (!b_ok as usize) * layout.b_len
                 },
                 c_ld,
                 cv,
+                matrix,
             }
         });
     let c_ok = (usable || (mma && kind == BatchKind::Strided))
@@ -3525,7 +3642,7 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind) -
             if over_a && c.c_in_slot == 0 {
                 0
             } else {
-                c.c_ld * p.n
+                c.c_ld * c.columns(p)
             }
         });
     let b_in_slot = if a_ok { 0 } else { layout.a_len };

@@ -171,8 +171,13 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
         _ => String::new(),
     };
     let sc = if s.slot_copies_apply() { "_sc" } else { "" };
+    let ee = if s.element_epilogue_apply() {
+        "_ee"
+    } else {
+        ""
+    };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}",
         spec.name(),
         kind.suffix(),
         s.tba

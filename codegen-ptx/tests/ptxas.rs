@@ -65,6 +65,7 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// B copied verbatim with 16-bit fragment loads (`flat_fragments`), the verbatim copies
 /// through `cp.async` (`async_copies`; A and B straight into their slots, `slot_copies`),
 /// A and B realigned in shared memory (`realign_in_shared`), the epilogue's lanes in swapped order (`epilogue_swaps`),
+/// C's padded copy element by element in the epilogue (`element_epilogue`),
 /// column tiles in groups where each warp keeps a row of tiles (`row_group`), and whole
 /// columns of tiles a warp (`column_sweep`).
 fn mma_variants() -> Vec<GpuSchedule> {
@@ -108,6 +109,13 @@ fn mma_variants() -> Vec<GpuSchedule> {
                         });
                     }
                     if stage == Staging::FlatC && !prefetch_c {
+                        // C's padded copy element by element (not by `ldmatrix` and
+                        // `stmatrix` tiles on sm_90).
+                        out.push(GpuSchedule {
+                            stage,
+                            element_epilogue: true,
+                            ..GpuSchedule::mma(warps, tba, ldmatrix)
+                        });
                         // The epilogue's lanes in swapped order, one tile at a time and in
                         // groups (the prefetch is moot under `FlatC`).
                         for &mma_group in groups {

@@ -291,6 +291,17 @@ pub struct GpuSchedule {
     /// a schedule asks for it (docs/gpu-notes.md, version 30). Ignored elsewhere.
     #[serde(default)]
     pub slot_copies: bool,
+    /// Tensor-core kernels with C's padded copy in shared memory (`Staging::FlatC`, m even)
+    /// on sm_90: the epilogue reads and writes C's copy element by element with 16-bit
+    /// accesses, instead of a tile at a time with `ldmatrix` and `stmatrix` (`.trans`:
+    /// a lane's accumulators are two pairs of adjacent columns, one instruction moves a
+    /// tile's). The tile moves cut a third of the instructions of 66 and 120 (928 -> 720,
+    /// 1144 -> 912 SASS a thread) and gained up to 10 points of the bound on an H200 at
+    /// most even sizes (120 83 -> 88%, 128 95 -> 100%), but lost at 66, 68, 114 and 116
+    /// (up to 12 points, not understood), whose entries ask for this
+    /// (docs/gpu-notes.md, version 31). Ignored elsewhere.
+    #[serde(default)]
+    pub element_epilogue: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -378,6 +389,7 @@ impl GpuSchedule {
             column_sweep: false,
             row_group: 0,
             slot_copies: false,
+            element_epilogue: false,
         }
     }
 
@@ -406,6 +418,7 @@ impl GpuSchedule {
             column_sweep: false,
             row_group: 0,
             slot_copies: false,
+            element_epilogue: false,
         }
     }
 
@@ -418,7 +431,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -458,7 +471,12 @@ impl GpuSchedule {
                     0 | 1 => String::new(),
                     g => format!(" rg{g}"),
                 },
-                if self.slot_copies_apply() { " sc" } else { "" }
+                if self.slot_copies_apply() { " sc" } else { "" },
+                if self.element_epilogue_apply() {
+                    " ee"
+                } else {
+                    ""
+                }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}{}",
@@ -492,6 +510,12 @@ impl GpuSchedule {
         self.async_copies
             && self.mma.is_some()
             && (self.stage == Staging::FlatC || self.flat_fragments_apply())
+    }
+
+    /// Whether `element_epilogue` may take effect (where C's copy is padded, on sm_90):
+    /// tensor-core kernels with C through shared memory.
+    pub fn element_epilogue_apply(&self) -> bool {
+        self.element_epilogue && self.mma.is_some() && self.stage == Staging::FlatC
     }
 
     /// Whether `slot_copies` takes effect (the batch form and the column lengths aside):
