@@ -3617,18 +3617,17 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, s
             let matrix = sm == Sm::Sm90
                 && !s.element_epilogue_apply()
                 && (!s.epilogue_swaps_apply() || epilogue_swap_table(c_ld) == [0; 4]);
-            let cols = if matrix { p.n.next_multiple_of(8) } else { p.n };
-            CPad {
+            let mut c = CPad {
                 // After the padded copies of A and B that are in the slot.
-                c_in_slot: if over_a && c_ld * cols <= layout.a_len {
-                    0
-                } else {
-                    (!a_ok as usize) * layout.a_len + (!b_ok as usize) * layout.b_len
-                },
+                c_in_slot: (!a_ok as usize) * layout.a_len + (!b_ok as usize) * layout.b_len,
                 c_ld,
                 cv,
                 matrix,
+            };
+            if over_a && c_ld * c.columns(p) <= layout.a_len {
+                c.c_in_slot = 0;
             }
+            c
         });
     let c_ok = (usable || (mma && kind == BatchKind::Strided))
         && c_pad.is_none()
