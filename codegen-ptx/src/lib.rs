@@ -347,6 +347,43 @@ mod tests {
     use super::*;
     use smallgemm_ir::{GemmSpec, Sm, Trans};
 
+    /// The tensor-core epilogue moves C's tiles with `ldmatrix` / `stmatrix` where C's copy
+    /// in shared memory is padded (m even) on sm_90 only, not where the schedule keeps the
+    /// element accesses (`element_epilogue`) nor where C's copy is verbatim (m odd); its
+    /// copy then has room for n rounded up to 8 columns.
+    #[test]
+    fn tile_epilogue_where_c_is_padded_on_sm90() {
+        let half = Scalar::fixed(0.5).unwrap();
+        let kernel = |m, n, sm, element_epilogue| {
+            let spec = GemmSpec::builder(Dtype::F16, m, n, 40)
+                .beta(half)
+                .build()
+                .unwrap();
+            let s = GpuSchedule {
+                stage: Staging::FlatC,
+                element_epilogue,
+                ..GpuSchedule::mma(4, 1, true)
+            };
+            generate(&spec, &GpuTarget::new(sm), Some(&s), BatchKind::Strided).unwrap()
+        };
+        for (m, n, padded) in [
+            (98, 98, true),
+            (64, 90, true),
+            (40, 40, true),
+            (97, 97, false),
+        ] {
+            let tiles = |k: &PtxKernel| k.ptx.contains("stmatrix") && k.ptx.contains(".trans");
+            assert_eq!(tiles(&kernel(m, n, Sm::Sm90, false)), padded, "{m}x{n}");
+            assert!(!tiles(&kernel(m, n, Sm::Sm90, true)), "{m}x{n}");
+            assert!(!tiles(&kernel(m, n, Sm::Sm80, false)), "{m}x{n}");
+        }
+        // 98 x 98: C's copy has columns 120 halves apart (98 rounded up to 8, 104, plus 16
+        // to an odd multiple of 8), and 104 columns instead of 98.
+        let grown = kernel(98, 98, Sm::Sm90, false).shared_bytes
+            - kernel(98, 98, Sm::Sm90, true).shared_bytes;
+        assert_eq!(grown, 120 * 6 * 2);
+    }
+
     /// Wherever `plan_gpu` finds a schedule for a problem, `plan` finds one for every batch
     /// kind: its adjustments (f32 `vector_reads` pads A and B in shared memory) keep the
     /// block within the limits. Where none fits, the error says how far to split k.
