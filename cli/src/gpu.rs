@@ -695,9 +695,18 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
                                         ..copied
                                     });
                                 }
-                                for f in forms {
-                                    out.push(f);
-                                    out.extend(grouped(&p, &f));
+                                for f in &forms {
+                                    out.push(*f);
+                                    out.extend(grouped(&p, f));
+                                }
+                                // The epilogue's 16-bit accesses where C's copy is padded
+                                // (m even) and would move by tiles: the H200's winners at
+                                // 66, 68, 114 and 116 (docs/gpu-notes.md, version 31).
+                                if p.m % 2 == 0 && target.sm == Sm::Sm90 {
+                                    out.extend(forms.iter().map(|f| GpuSchedule {
+                                        element_epilogue: true,
+                                        ..*f
+                                    }));
                                 }
                             }
                         }
@@ -1380,6 +1389,27 @@ mod tests {
                     ..*s
                 };
                 assert_own_kernel(&spec, &target, &c, s, &copied, &format!("n = {n}"));
+            }
+        }
+    }
+
+    /// The default tensor-core candidates on sm_90 offer C through shared memory also with
+    /// the epilogue's 16-bit accesses (`element_epilogue`) where m is even (C's copy
+    /// padded, moved by tiles otherwise), each a kernel of its own; none where m is odd.
+    #[test]
+    fn default_candidates_offer_the_element_epilogue() {
+        let target = GpuTarget::new(Sm::Sm90);
+        for n in [66, 113, 120] {
+            let spec = square(n);
+            let c = mma_candidates(&spec, &target, &[true]);
+            let element: Vec<_> = c.iter().filter(|s| s.element_epilogue).collect();
+            assert_eq!(element.is_empty(), n % 2 == 1, "n = {n}");
+            for s in element {
+                let tiles = GpuSchedule {
+                    element_epilogue: false,
+                    ..*s
+                };
+                assert_own_kernel(&spec, &target, &c, s, &tiles, &format!("n = {n}"));
             }
         }
     }
