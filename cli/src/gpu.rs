@@ -1326,6 +1326,23 @@ mod tests {
         assert_ne!(code, ptx_code(spec, target, twin), "{what}: {s:?}");
     }
 
+    /// Every candidate of `candidates` that has the flag under test (`twin` gives it
+    /// without the flag, None where it does not have it) passes `assert_own_kernel`;
+    /// returns how many have it.
+    fn assert_flag_kernels(
+        spec: &GemmSpec,
+        target: &GpuTarget,
+        candidates: &[GpuSchedule],
+        twin: impl Fn(&GpuSchedule) -> Option<GpuSchedule>,
+    ) -> usize {
+        let what = spec.name();
+        candidates
+            .iter()
+            .filter_map(|s| twin(s).map(|t| (s, t)))
+            .inspect(|(s, t)| assert_own_kernel(spec, target, candidates, s, t, &what))
+            .count()
+    }
+
     /// The default FMA candidates (`tune --gpu` without filters) offer each flat-staged
     /// schedule also through `cp.async`, as a kernel of its own: the H200's winners.
     #[test]
@@ -1379,17 +1396,15 @@ mod tests {
         for n in [113, 114, 120] {
             let spec = square(n);
             let c = mma_candidates(&spec, &target, &[true]);
-            let slots: Vec<_> = c.iter().filter(|s| s.slot_copies).collect();
-            assert_eq!(slots.is_empty(), n % 2 == 1, "n = {n}");
             assert!(c.iter().any(|s| s.async_copies_apply()), "n = {n}");
-            for s in slots {
-                assert!(s.slot_copies_apply(), "n = {n}: {s:?}");
-                let copied = GpuSchedule {
+            let slots = assert_flag_kernels(&spec, &target, &c, |s| {
+                assert!(!s.slot_copies || s.slot_copies_apply(), "n = {n}: {s:?}");
+                s.slot_copies.then_some(GpuSchedule {
                     slot_copies: false,
                     ..*s
-                };
-                assert_own_kernel(&spec, &target, &c, s, &copied, &format!("n = {n}"));
-            }
+                })
+            });
+            assert_eq!(slots == 0, n % 2 == 1, "n = {n}");
         }
     }
 
@@ -1402,15 +1417,13 @@ mod tests {
         for n in [66, 113, 120] {
             let spec = square(n);
             let c = mma_candidates(&spec, &target, &[true]);
-            let element: Vec<_> = c.iter().filter(|s| s.element_epilogue).collect();
-            assert_eq!(element.is_empty(), n % 2 == 1, "n = {n}");
-            for s in element {
-                let tiles = GpuSchedule {
+            let element = assert_flag_kernels(&spec, &target, &c, |s| {
+                s.element_epilogue.then_some(GpuSchedule {
                     element_epilogue: false,
                     ..*s
-                };
-                assert_own_kernel(&spec, &target, &c, s, &tiles, &format!("n = {n}"));
-            }
+                })
+            });
+            assert_eq!(element == 0, n % 2 == 1, "n = {n}");
         }
     }
 

@@ -812,9 +812,7 @@ fn load_realigned(
         if let Some(last) = &last {
             zero_past_tail(asm, &o, tail, last);
         }
-        let at = asm.reg(Kind::B32);
-        asm.op(format!("mad.lo.u32 {at}, {col}, {}, {shared}", 2 * so));
-        asm.op(format!("mad.lo.u32 {at}, {r}, 16, {at}"));
+        let at = slot_vector(asm, shared, so, &col, &r);
         let store = RealignedStore { pred, at, words: o };
         match from {
             RealignFrom::Global(_) => store_realigned(asm, &[store]),
@@ -887,14 +885,8 @@ fn realign_in_shared(
             asm.op(format!("setp.eq.u32 {last}, {r}, {}", per_col - 1));
             zero_past_tail(asm, &o, tail, &last);
         }
-        let to = asm.reg(Kind::B32);
-        asm.op(format!("mad.lo.u32 {to}, {col}, {}, {shared}", 2 * so));
-        asm.op(format!("mad.lo.u32 {to}, {r}, 16, {to}"));
-        stores.push(RealignedStore {
-            pred,
-            at: to,
-            words: o,
-        });
+        let at = slot_vector(asm, shared, so, &col, &r);
+        stores.push(RealignedStore { pred, at, words: o });
     }
     stores
 }
@@ -910,8 +902,8 @@ const REALIGN_WORDS_SLACK: usize = 20;
 /// 16-byte loads. Measured on the H200 (f16 squares with the shipped schedules, two runs
 /// of each kernel alternated, docs/gpu-notes.md version 31): below 12 the words gained
 /// up to 8 points of the bound (75 84 -> 92%, 70 83 -> 89%), 5 of 76 sizes lost 0.3 to
-/// 1.5; from 12 on (35, 36, 43, 63, 71, 107, 127) none gained, and 43 and 63 lost 5.6
-/// and 6.2.
+/// 1.5 (and 81 none); from 12 on (35, 36, 43, 63, 71, 107, 127) none gained more than
+/// 0.2, and 43 and 63 lost 5.6 and 6.2.
 fn realign_words_pay(lead: usize, others: usize) -> bool {
     let per_col = lead.div_ceil(8);
     let total = per_col * others;
@@ -933,6 +925,15 @@ fn realign_words_pay(lead: usize, others: usize) -> bool {
         }
     }
     wavefronts < 12 * warps
+}
+
+/// The shared address of vector `r` of column `col` in a padded slot at `shared` whose
+/// columns are `so` halves apart.
+fn slot_vector(asm: &mut Asm, shared: &str, so: usize, col: &str, r: &str) -> String {
+    let at = asm.reg(Kind::B32);
+    asm.op(format!("mad.lo.u32 {at}, {col}, {}, {shared}", 2 * so));
+    asm.op(format!("mad.lo.u32 {at}, {r}, 16, {at}"));
+    at
 }
 
 /// Zeros in the halves of a column's last vector (held as 4 words) past its `tail`
@@ -975,8 +976,9 @@ struct StagedOperand<'a> {
 /// Copies one problem's tight, packed f16 operand (`len` halves at `global`) verbatim into
 /// the start of its padded slot at `slot` (16-byte aligned) through `cp.async`, in 16-byte
 /// vectors from the boundary at or below its first element; returns the shared address of
-/// that element, or `None` (nothing emitted) where the copy is larger than the slot's
-/// `slot_bytes`.
+/// that element, or `None` (nothing emitted) where the copy, and `slack` bytes past it that
+/// its realigning reads, is larger than the slot's `slot_bytes`.
+#[allow(clippy::too_many_arguments)]
 fn copy_verbatim(
     asm: &mut Asm,
     lt: &str,
@@ -985,9 +987,10 @@ fn copy_verbatim(
     slot: &str,
     len: usize,
     slot_bytes: usize,
+    slack: usize,
 ) -> Option<String> {
     let vectors = (len + 7).div_ceil(8);
-    if vectors * 16 + REALIGN_WORDS_SLACK > slot_bytes {
+    if vectors * 16 + slack > slot_bytes {
         return None;
     }
     let end = asm.imm32(len as u64);
@@ -1431,7 +1434,7 @@ pub(crate) fn kernel(
     };
     // Operands copied verbatim into their slots (with the shared address of their first
     // element), realigned there once all copies are in.
-    let mut deferred: Vec<(&StagedOperand, String)> = Vec::new();
+    let mut deferred: Vec<(&StagedOperand, String, bool)> = Vec::new();
     // The realigning loaders' slot division: by a multiply-high (`mul_hi_slots`, and under
     // `FlatC`) or not.
     let multiply_high = s.stage == Staging::FlatC || s.mul_hi_applies();
@@ -1534,7 +1537,10 @@ pub(crate) fn kernel(
             let realign = dtype == Dtype::F16 && sl == 1 && so % 8 == 0;
             let verbatim = (realign && s.realign_in_shared_apply())
                 .then(|| {
-                    copy_verbatim(
+                    // Realigned there by 4-byte words where their banks allow.
+                    let words = realign_words_pay(lead.max, other.max);
+                    let slack = if words { REALIGN_WORDS_SLACK } else { 0 };
+                    let first = copy_verbatim(
                         &mut asm,
                         &lt,
                         tpp,
@@ -1542,11 +1548,13 @@ pub(crate) fn kernel(
                         o.slot,
                         packed,
                         o.slot_len * elt,
-                    )
+                        slack,
+                    )?;
+                    Some((first, words))
                 })
                 .flatten();
-            if let Some(first) = verbatim {
-                deferred.push((o, first));
+            if let Some((first, words)) = verbatim {
+                deferred.push((o, first, words));
             } else {
                 if realign {
                     load_realigned(
@@ -1607,9 +1615,9 @@ pub(crate) fn kernel(
         asm.op(&barrier);
         let stores: Vec<Vec<RealignedStore>> = deferred
             .iter()
-            .map(|(o, first)| {
+            .map(|(o, first, words)| {
                 let (lead, others) = (o.lead.max, o.other.max);
-                if realign_words_pay(lead, others) {
+                if *words {
                     realign_in_shared(
                         &mut asm,
                         &lt,
@@ -1637,7 +1645,7 @@ pub(crate) fn kernel(
             })
             .collect();
         asm.op(&barrier);
-        for ((o, _), stores) in deferred.iter().zip(&stores) {
+        for ((o, ..), stores) in deferred.iter().zip(&stores) {
             store_realigned(&mut asm, stores);
             zero_k_padding(&mut asm, &lt, tpp, o.slot, o.op, p, &layout, kext);
         }
@@ -3327,8 +3335,11 @@ fn matrix_epilogue(
     let g = guard(&tile.hangs);
     let old: Option<Vec<String>> = (epi.beta != Scalar::Zero).then(|| {
         let w: Vec<String> = (0..2).map(|_| asm.reg(Kind::B32)).collect();
-        for x in &w {
-            asm.op(format!("mov.b32 {x}, 0"));
+        if tile.hangs.is_some() {
+            // Defined in the lanes of a tile that does not read.
+            for x in &w {
+                asm.op(format!("mov.b32 {x}, 0"));
+            }
         }
         asm.op(format!(
             "{g}ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {{{}}}, [{addr}]",

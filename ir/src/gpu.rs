@@ -295,7 +295,7 @@ pub struct GpuSchedule {
     /// on sm_90: the epilogue reads and writes C's copy element by element with 16-bit
     /// accesses, instead of a tile at a time with `ldmatrix` and `stmatrix` (`.trans`:
     /// a lane's accumulators are two pairs of adjacent columns, one instruction moves a
-    /// tile's). The tile moves cut a third of the instructions of 66 and 120 (928 -> 720,
+    /// tile's). The tile moves cut a fifth of the instructions of 66 and 120 (928 -> 720,
     /// 1144 -> 912 SASS a thread) and gained up to 10 points of the bound on an H200 at
     /// most even sizes (120 83 -> 88%, 128 95 -> 100%), but lost at 66, 68, 114 and 116
     /// (up to 12 points, not understood), whose entries ask for this
