@@ -708,6 +708,22 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
                                         ..*f
                                     }));
                                 }
+                                // The epilogue's loads before its stores: each tile's
+                                // where it moves elements (m odd: C's copy verbatim; sm_80),
+                                // a group's where tiles move whole (m even on sm_90): the
+                                // H200's winners at 97, 122, 126 and 19 more sizes
+                                // (docs/gpu-notes.md, version 32).
+                                let first = |f: &GpuSchedule| GpuSchedule {
+                                    epilogue_loads_first: true,
+                                    ..*f
+                                };
+                                for f in &forms {
+                                    if p.m % 2 == 0 && target.sm == Sm::Sm90 {
+                                        out.extend(grouped(&p, f).iter().map(first));
+                                    } else {
+                                        out.push(first(f));
+                                    }
+                                }
                             }
                         }
                     }
@@ -1376,7 +1392,11 @@ mod tests {
             let spec = square(n);
             let mt = n.div_ceil(16) as u32;
             let c = mma_candidates(&spec, &target, &[true]);
-            let grouped: Vec<_> = c.iter().filter(|s| s.row_group > 1).collect();
+            // (With `epilogue_loads_first` too, whose own test pairs them.)
+            let grouped: Vec<_> = c
+                .iter()
+                .filter(|s| s.row_group > 1 && !s.epilogue_loads_first)
+                .collect();
             assert!(grouped.iter().any(|s| s.warps == mt), "n = {n}");
             for s in grouped {
                 assert_eq!(s.warps % mt, 0, "n = {n}: {s:?}");
@@ -1424,6 +1444,32 @@ mod tests {
                 })
             });
             assert_eq!(element == 0, n % 2 == 1, "n = {n}");
+        }
+    }
+
+    /// The default tensor-core candidates offer C through shared memory with the
+    /// epilogue's loads before its stores (`epilogue_loads_first`): where m is odd (C's
+    /// copy verbatim) and on sm_80 (elements moved one by one), and where tiles move whole
+    /// (m even, sm_90) in groups of tiles, each a kernel of its own.
+    #[test]
+    fn default_candidates_offer_the_loads_first() {
+        for (sm, n) in [
+            (Sm::Sm90, 66),
+            (Sm::Sm90, 97),
+            (Sm::Sm90, 126),
+            (Sm::Sm80, 113),
+            (Sm::Sm80, 66),
+        ] {
+            let target = GpuTarget::new(sm);
+            let spec = square(n);
+            let c = mma_candidates(&spec, &target, &[true]);
+            let first = assert_flag_kernels(&spec, &target, &c, |s| {
+                s.epilogue_loads_first.then_some(GpuSchedule {
+                    epilogue_loads_first: false,
+                    ..*s
+                })
+            });
+            assert!(first > 0, "{sm:?} n = {n}");
         }
     }
 

@@ -3266,40 +3266,71 @@ fn mma_body(
                 mma(asm, acc, &a, &b);
             }
         }
-        for (i, (acc, tile)) in accs.iter().zip(tiles).enumerate() {
-            if let Some((base, off, ldc)) = &mw.matrix {
-                matrix_epilogue(asm, epi, acc, tile, base, off, *ldc);
-                continue;
-            }
-            let late;
-            let slots = match &mw.gen {
-                // Column sweep: row tile i, column tile q where one warp takes them all.
-                Some(gen) => {
-                    let tn = (w == 1).then_some(q);
-                    let fixed = Some((i, tn));
-                    let (tmr, tnr) = (&tile.tmr, &tile.tnr);
-                    late = gen.slots(
-                        asm,
-                        p,
-                        epi,
-                        tmr,
-                        tnr,
-                        &tile.valid,
-                        &tile.hangs,
-                        false,
-                        fixed,
-                    );
-                    &late
+        if let Some((base, off, ldc)) = &mw.matrix {
+            // `epilogue_loads_first`: every tile's `ldmatrix` of the group before the
+            // first `stmatrix` (ptxas keeps a shared load after a store it cannot tell
+            // apart).
+            let mut olds = Vec::new();
+            for (acc, tile) in accs.iter().zip(tiles) {
+                let old = matrix_load(asm, epi, tile, base, off, *ldc);
+                if s.epilogue_loads_first_apply() {
+                    olds.push(old);
+                } else {
+                    matrix_store(asm, epi, acc, tile, old);
                 }
-                None => &tile.slots,
-            };
-            let acc = swapped(asm, acc, &mw.swaps);
-            for (v, slot) in acc.iter().zip(slots) {
-                let Some((addr, pred, old)) = slot else {
-                    continue;
+            }
+            for ((acc, tile), old) in accs.iter().zip(tiles).zip(olds) {
+                matrix_store(asm, epi, acc, tile, old);
+            }
+        } else {
+            for (i, (acc, tile)) in accs.iter().zip(tiles).enumerate() {
+                let late;
+                let slots = match &mw.gen {
+                    // Column sweep: row tile i, column tile q where one warp takes them all.
+                    Some(gen) => {
+                        let tn = (w == 1).then_some(q);
+                        let fixed = Some((i, tn));
+                        let (tmr, tnr) = (&tile.tmr, &tile.tnr);
+                        late = gen.slots(
+                            asm,
+                            p,
+                            epi,
+                            tmr,
+                            tnr,
+                            &tile.valid,
+                            &tile.hangs,
+                            false,
+                            fixed,
+                        );
+                        &late
+                    }
+                    None => &tile.slots,
                 };
-                let addr = addr.operand(asm);
-                epi.store(asm, v, &addr, pred, old.as_deref(), mw.space);
+                let acc = swapped(asm, acc, &mw.swaps);
+                // `epilogue_loads_first`: the tile's old values of C all loaded before any
+                // result is stored (ptxas does not move a load above a store it cannot tell
+                // apart). Not across the tiles of a group: on an H200 that spilled or cost
+                // occupancy at most sizes with groups (docs/gpu-notes.md, version 32).
+                let first = s.epilogue_loads_first_apply() && epi.beta != Scalar::Zero;
+                let mut stores = Vec::new();
+                for (v, slot) in acc.iter().zip(slots) {
+                    let Some((addr, pred, old)) = slot else {
+                        continue;
+                    };
+                    let addr = addr.operand(asm);
+                    if !first {
+                        epi.store(asm, v, &addr, pred, old.as_deref(), mw.space);
+                        continue;
+                    }
+                    let old = match old {
+                        Some(old) => old.clone(),
+                        None => epi.load(asm, &addr, pred, mw.space),
+                    };
+                    stores.push((v, addr, pred, old));
+                }
+                for (v, addr, pred, old) in stores {
+                    epi.store(asm, v, &addr, pred, Some(&old), mw.space);
+                }
             }
         }
         if tiles[0].valid.is_some() {
@@ -3308,22 +3339,21 @@ fn mma_body(
     }
 }
 
-/// One tile's epilogue on C's padded copy in shared memory (`MmaWarp::matrix`): its old
-/// values (beta != 0) come in one `ldmatrix .trans` (two 8x8 matrices, rows 0-7 and 8-15
-/// of the tile's 8 columns: lane (g, t) gets (g, 2t) and (g, 2t + 1), and the same 8 rows
-/// down, its accumulators' places), the results go back in one `stmatrix .trans`, where
-/// the 16-bit loads and stores take four each. Rows past m and columns past n (up to the
-/// tile's) lie in the copy's padding, never copied out; a tile that hangs past the last
-/// column tile neither reads nor writes.
-fn matrix_epilogue(
+/// The first half of a tile's epilogue on C's padded copy in shared memory
+/// (`MmaWarp::matrix`): its old values (beta != 0) come in one `ldmatrix .trans` (two 8x8
+/// matrices, rows 0-7 and 8-15 of the tile's 8 columns: lane (g, t) gets (g, 2t) and
+/// (g, 2t + 1), and the same 8 rows down, its accumulators' places), where the 16-bit
+/// loads take four; [`matrix_store`] writes the results back. Rows past m and columns past
+/// n (up to the tile's) lie in the copy's padding, never copied out; a tile that hangs past
+/// the last column tile neither reads nor writes.
+fn matrix_load(
     asm: &mut Asm,
     epi: &Epilogue,
-    acc: &[String; 4],
     tile: &MmaTile,
     base: &str,
     lane_off: &str,
     ldc: usize,
-) {
+) -> TileOld {
     let addr = asm.reg(Kind::B32);
     asm.op(format!(
         "mad.lo.u32 {addr}, {}, {}, {base}",
@@ -3333,8 +3363,8 @@ fn matrix_epilogue(
     asm.op(format!("mad.lo.u32 {addr}, {}, 32, {addr}", tile.tmr));
     asm.op(format!("add.u32 {addr}, {addr}, {lane_off}"));
     let g = guard(&tile.hangs);
-    let old: Option<Vec<String>> = (epi.beta != Scalar::Zero).then(|| {
-        let w: Vec<String> = (0..2).map(|_| asm.reg(Kind::B32)).collect();
+    let words = (epi.beta != Scalar::Zero).then(|| {
+        let w: [String; 2] = std::array::from_fn(|_| asm.reg(Kind::B32));
         if tile.hangs.is_some() {
             // Defined in the lanes of a tile that does not read.
             for x in &w {
@@ -3345,6 +3375,23 @@ fn matrix_epilogue(
             "{g}ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {{{}}}, [{addr}]",
             w.join(", ")
         ));
+        w
+    });
+    TileOld { addr, words }
+}
+
+/// A tile's place in C's padded copy and, where beta needs them, its old values as
+/// `ldmatrix` gave them (two words of two halves: the accumulators' order).
+struct TileOld {
+    addr: String,
+    words: Option<[String; 2]>,
+}
+
+/// The second half of a tile's epilogue ([`matrix_load`]): alpha * acc + beta * old, the
+/// pairs packed by `cvt.rn.f16x2.f32`, stored back in one `stmatrix .trans` (where the
+/// 16-bit stores take four).
+fn matrix_store(asm: &mut Asm, epi: &Epilogue, acc: &[String; 4], tile: &MmaTile, old: TileOld) {
+    let olds: Option<Vec<String>> = old.words.map(|w| {
         w.iter()
             .flat_map(|x| {
                 let h = [asm.reg(Kind::B16), asm.reg(Kind::B16)];
@@ -3361,9 +3408,9 @@ fn matrix_epilogue(
         .iter()
         .enumerate()
         .map(|(e, v)| {
-            // (Asked for only where beta needs it: `old` is there then.)
+            // (Asked for only where beta needs it: `olds` is there then.)
             epi.combine(asm, v, |_| {
-                old.as_ref().map(|o| o[e].clone()).unwrap_or_default()
+                olds.as_ref().map(|o| o[e].clone()).unwrap_or_default()
             })
         })
         .collect();
@@ -3377,7 +3424,9 @@ fn matrix_epilogue(
         })
         .collect();
     asm.op(format!(
-        "{g}stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [{addr}], {{{}}}",
+        "{}stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [{}], {{{}}}",
+        guard(&tile.hangs),
+        old.addr,
         words.join(", ")
     ));
 }

@@ -176,8 +176,13 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     } else {
         ""
     };
+    let lf = if s.epilogue_loads_first_apply() {
+        "_lf"
+    } else {
+        ""
+    };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}{lf}",
         spec.name(),
         kind.suffix(),
         s.tba

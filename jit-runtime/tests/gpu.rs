@@ -806,6 +806,46 @@ fn f16_epilogue_swaps_match() {
     });
 }
 
+/// The epilogue's loads before its stores (`GpuSchedule::epilogue_loads_first`: each
+/// tile's element by element, a group's whole tiles on sm_90) at every fourth m from 9 to
+/// 125, odd and even: the planned schedule with the flag, `FlatC` with 2 warps in groups of
+/// 3 and 2 problems per block and 8 warps in groups of 2, each with tiles moved whole (m
+/// even, sm_90) and element by element (`element_epilogue`), and padded staging with C in
+/// global memory; n and k varied, every transpose, alpha and beta of each kind, beta 0
+/// with NaN in C.
+#[test]
+fn f16_epilogue_loads_first_matches() {
+    let Some(gpu) = gpu("f16_epilogue_loads_first") else {
+        return;
+    };
+    let cases = f16_flag_cases((9..=125usize).step_by(4));
+    check_flag_cases(&gpu, "epilogue_loads_first", cases, (4700, 7), |_, spec| {
+        let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
+        let flatc = |warps, tba, mma_group, element_epilogue| GpuSchedule {
+            stage: Staging::FlatC,
+            mma_group,
+            element_epilogue,
+            ..GpuSchedule::mma(warps, tba, true)
+        };
+        let padded = GpuSchedule::mma(4, 1, true);
+        [
+            planned,
+            flatc(2, 2, 3, false),
+            flatc(8, 1, 2, false),
+            flatc(2, 2, 3, true),
+            flatc(8, 1, 2, true),
+            padded,
+        ]
+        .into_iter()
+        .map(|v| GpuSchedule {
+            epilogue_loads_first: true,
+            ..v
+        })
+        .filter(|s| s.epilogue_loads_first_apply())
+        .collect()
+    });
+}
+
 /// Column sweep (`GpuSchedule::column_sweep`): each warp takes whole columns of tiles with
 /// every row tile's A fragments held for all k steps. Sizes 9 to 64 and a few above; the
 /// planned schedule, it with 1, 2 and 4 warps and 2 problems per block, with and without
