@@ -65,8 +65,8 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// B copied verbatim with 16-bit fragment loads (`flat_fragments`), the verbatim copies
 /// through `cp.async` (`async_copies`; A and B straight into their slots, `slot_copies`),
 /// A and B realigned in shared memory (`realign_in_shared`), the epilogue's lanes in swapped order (`epilogue_swaps`),
-/// C's padded copy element by element in the epilogue (`element_epilogue`), each tile's old
-/// values of C loaded before its stores (`epilogue_loads_first`),
+/// C's padded copy element by element in the epilogue (`element_epilogue`), the epilogue's
+/// loads of C before its stores, in groups of tiles (`epilogue_loads_first`),
 /// column tiles in groups where each warp keeps a row of tiles (`row_group`), and whole
 /// columns of tiles a warp (`column_sweep`).
 fn mma_variants() -> Vec<GpuSchedule> {
@@ -117,7 +117,8 @@ fn mma_variants() -> Vec<GpuSchedule> {
                             element_epilogue: true,
                             ..GpuSchedule::mma(warps, tba, ldmatrix)
                         });
-                        // Each tile's old values of C loaded before its stores.
+                        // The epilogue's loads of C before its stores, in groups where
+                        // there are several warps.
                         out.push(GpuSchedule {
                             stage,
                             epilogue_loads_first: true,

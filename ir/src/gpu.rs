@@ -536,8 +536,8 @@ impl GpuSchedule {
         self.element_epilogue && self.mma.is_some() && self.stage == Staging::FlatC
     }
 
-    /// Whether `epilogue_loads_first` may take effect (where the epilogue moves elements):
-    /// tensor-core kernels.
+    /// Whether `epilogue_loads_first` may take effect (where beta reads C): tensor-core
+    /// kernels, whether their epilogue moves elements or whole tiles.
     pub fn epilogue_loads_first_apply(&self) -> bool {
         self.epilogue_loads_first && self.mma.is_some()
     }

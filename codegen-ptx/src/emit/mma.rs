@@ -894,14 +894,17 @@ pub(super) fn mma_body(
                 mma(asm, acc, &a, &b);
             }
         }
+        // `epilogue_loads_first`: C's old values loaded before the results are stored
+        // (ptxas does not move a load above a store it cannot tell apart). Moot where
+        // beta = 0: nothing is loaded.
+        let first = s.epilogue_loads_first_apply() && epi.beta != Scalar::Zero;
         if let Some((base, off, ldc)) = &mw.matrix {
-            // `epilogue_loads_first`: every tile's `ldmatrix` of the group before the
-            // first `stmatrix` (ptxas keeps a shared load after a store it cannot tell
-            // apart).
+            // Tiles moved whole: every `ldmatrix` of the group before its first
+            // `stmatrix`.
             let mut olds = Vec::new();
             for (acc, tile) in accs.iter().zip(tiles) {
                 let old = matrix_load(asm, epi, tile, base, off, *ldc);
-                if s.epilogue_loads_first_apply() {
+                if first {
                     olds.push(old);
                 } else {
                     matrix_store(asm, epi, acc, tile, old);
@@ -935,11 +938,9 @@ pub(super) fn mma_body(
                     None => &tile.slots,
                 };
                 let acc = swapped(asm, acc, &mw.swaps);
-                // `epilogue_loads_first`: the tile's old values of C all loaded before any
-                // result is stored (ptxas does not move a load above a store it cannot tell
-                // apart). Not across the tiles of a group: on an H200 that spilled or cost
-                // occupancy at most sizes with groups (docs/gpu-notes.md, version 32).
-                let first = s.epilogue_loads_first_apply() && epi.beta != Scalar::Zero;
+                // Elements moved one by one (`first`): the tile's four loads before its
+                // stores, not the whole group's: on an H200 that spilled or cost occupancy
+                // at most sizes with groups (docs/gpu-notes.md, version 32).
                 let mut stores = Vec::new();
                 for (v, slot) in acc.iter().zip(slots) {
                     let Some((addr, pred, old)) = slot else {
