@@ -181,8 +181,13 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     } else {
         ""
     };
+    let fk = if s.full_last_k_step_apply() {
+        "_fk"
+    } else {
+        ""
+    };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}{lf}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}{lf}{fk}",
         spec.name(),
         kind.suffix(),
         s.tba
@@ -387,6 +392,42 @@ mod tests {
         let grown = kernel(98, 98, Sm::Sm90, false).shared_bytes
             - kernel(98, 98, Sm::Sm90, true).shared_bytes;
         assert_eq!(grown, 120 * 6 * 2);
+    }
+
+    /// Where the last k step holds at most 8 of k, tensor-core kernels run it as
+    /// `m16n8k8` with half the fragments (`ldmatrix` .x2 for A, .x1 for B), one such step
+    /// a tile; `full_last_k_step` keeps `m16n8k16` there, and k = 16 (a multiple) or 41 (9
+    /// left) never narrows.
+    #[test]
+    fn narrow_last_k_step_where_at_most_8_are_left() {
+        let kernel = |k, full_last_k_step| {
+            let spec = GemmSpec::builder(Dtype::F16, 32, 24, k).build().unwrap();
+            let s = GpuSchedule {
+                stage: Staging::FlatC,
+                full_last_k_step,
+                ..GpuSchedule::mma(2, 1, true)
+            };
+            let ptx = generate(
+                &spec,
+                &GpuTarget::new(Sm::Sm90),
+                Some(&s),
+                BatchKind::Strided,
+            )
+            .unwrap()
+            .ptx;
+            let count = |what: &str| ptx.matches(what).count();
+            (
+                count("mma.sync.aligned.m16n8k8."),
+                count("mma.sync.aligned.m16n8k16."),
+                count("ldmatrix.sync.aligned.m8n8.x1."),
+            )
+        };
+        // Each of the 2 warps runs one row tile's 3 column tiles, 3 k steps each (1 at 16).
+        assert_eq!(kernel(40, false), (3, 6, 3));
+        assert_eq!(kernel(33, false), (3, 6, 3));
+        assert_eq!(kernel(40, true), (0, 9, 0));
+        assert_eq!(kernel(41, false), (0, 9, 0));
+        assert_eq!(kernel(16, false), (0, 3, 0));
     }
 
     /// Wherever `plan_gpu` finds a schedule for a problem, `plan` finds one for every batch

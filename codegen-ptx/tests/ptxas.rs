@@ -66,7 +66,8 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// through `cp.async` (`async_copies`; A and B straight into their slots, `slot_copies`),
 /// A and B realigned in shared memory (`realign_in_shared`), the epilogue's lanes in swapped order (`epilogue_swaps`),
 /// C's padded copy element by element in the epilogue (`element_epilogue`), the epilogue's
-/// loads of C before its stores, in groups of tiles (`epilogue_loads_first`),
+/// loads of C before its stores, in groups of tiles (`epilogue_loads_first`), the last k
+/// step as a full `m16n8k16` (`full_last_k_step`),
 /// column tiles in groups where each warp keeps a row of tiles (`row_group`), and whole
 /// columns of tiles a warp (`column_sweep`).
 fn mma_variants() -> Vec<GpuSchedule> {
@@ -123,6 +124,12 @@ fn mma_variants() -> Vec<GpuSchedule> {
                             stage,
                             epilogue_loads_first: true,
                             mma_group: groups[groups.len() - 1],
+                            ..GpuSchedule::mma(warps, tba, ldmatrix)
+                        });
+                        // The last k step a full m16n8k16 where at most 8 of k are left.
+                        out.push(GpuSchedule {
+                            stage,
+                            full_last_k_step: true,
                             ..GpuSchedule::mma(warps, tba, ldmatrix)
                         });
                         // The epilogue's lanes in swapped order, one tile at a time and in

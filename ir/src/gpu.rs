@@ -313,6 +313,15 @@ pub struct GpuSchedule {
     /// version 32). Off unless a schedule asks for it.
     #[serde(default)]
     pub epilogue_loads_first: bool,
+    /// Tensor-core kernels whose last k step holds at most 8 of k (k mod 16 in 1..=8): that
+    /// step as a full `mma.m16n8k16` over the zero padding, as before the narrow step
+    /// (`m16n8k8`, half the fragment loads). The narrow step gained up to 7 points of the
+    /// bound at most such f16 sizes on an H200, but its fewer registers let a fourth block
+    /// of 57 KB shared memory onto each SM at 84, which then lost 17 points (the old kernel
+    /// with 4 blocks a SM lost as much; docs/gpu-notes.md, version 33). Off unless a
+    /// schedule asks for it.
+    #[serde(default)]
+    pub full_last_k_step: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -402,6 +411,7 @@ impl GpuSchedule {
             slot_copies: false,
             element_epilogue: false,
             epilogue_loads_first: false,
+            full_last_k_step: false,
         }
     }
 
@@ -432,6 +442,7 @@ impl GpuSchedule {
             slot_copies: false,
             element_epilogue: false,
             epilogue_loads_first: false,
+            full_last_k_step: false,
         }
     }
 
@@ -444,7 +455,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -494,6 +505,11 @@ impl GpuSchedule {
                     " lf"
                 } else {
                     ""
+                },
+                if self.full_last_k_step_apply() {
+                    " fk"
+                } else {
+                    ""
                 }
             ),
             None => format!(
@@ -540,6 +556,12 @@ impl GpuSchedule {
     /// kernels, whether their epilogue moves elements or whole tiles.
     pub fn epilogue_loads_first_apply(&self) -> bool {
         self.epilogue_loads_first && self.mma.is_some()
+    }
+
+    /// Whether `full_last_k_step` may take effect (where k mod 16 is 1..=8): tensor-core
+    /// kernels.
+    pub fn full_last_k_step_apply(&self) -> bool {
+        self.full_last_k_step && self.mma.is_some()
     }
 
     /// Whether `slot_copies` takes effect (the batch form and the column lengths aside):

@@ -846,6 +846,44 @@ fn f16_epilogue_loads_first_matches() {
     });
 }
 
+/// The last k step as a full `m16n8k16` (`GpuSchedule::full_last_k_step`) where at most 8
+/// of k are left (k mod 16 in 1..=8; elsewhere the kernels are the default ones): the
+/// planned schedule, `FlatC` with 8 warps in groups of 2 and with 2 problems a block, and
+/// padded staging, with `ldmatrix` and without; n and k varied, every transpose, alpha and
+/// beta of each kind, beta 0 with NaN in C.
+#[test]
+fn f16_full_last_k_step_matches() {
+    let Some(gpu) = gpu("f16_full_last_k_step") else {
+        return;
+    };
+    let cases = f16_flag_cases((17..=125usize).step_by(3))
+        .into_iter()
+        .filter(|(_, spec)| (1..=8).contains(&(spec.k() % 16)))
+        .collect();
+    check_flag_cases(&gpu, "full_last_k_step", cases, (4900, 7), |_, spec| {
+        let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
+        let flatc = |warps, tba, mma_group| GpuSchedule {
+            stage: Staging::FlatC,
+            mma_group,
+            ..GpuSchedule::mma(warps, tba, true)
+        };
+        [
+            planned,
+            flatc(8, 1, 2),
+            flatc(2, 2, 0),
+            GpuSchedule::mma(4, 1, true),
+            GpuSchedule::mma(4, 1, false),
+        ]
+        .into_iter()
+        .map(|v| GpuSchedule {
+            full_last_k_step: true,
+            ..v
+        })
+        .filter(|s| s.full_last_k_step_apply())
+        .collect()
+    });
+}
+
 /// Column sweep (`GpuSchedule::column_sweep`): each warp takes whole columns of tiles with
 /// every row tile's A fragments held for all k steps. Sizes 9 to 64 and a few above; the
 /// planned schedule, it with 1, 2 and 4 warps and 2 problems per block, with and without

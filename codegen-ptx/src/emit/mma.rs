@@ -486,7 +486,8 @@ fn swapped_below(
 }
 
 /// Tensor-core kernels: `warps` warps per problem; warp w takes 16x8 tiles of C in turn
-/// (`MmaWarp`) and runs `mma.sync.m16n8k16` over the k padded to 16 (the padding is zeros
+/// (`MmaWarp`) and runs `mma.sync.m16n8k16` over the k padded to 16, `m16n8k8` in the last
+/// step where it holds at most 8 of k (the padding is zeros
 /// in shared memory; in the verbatim copies of `flat`, A and B under `flat_fragments`,
 /// the loads of the padding are predicated off, their registers zero).
 #[allow(clippy::too_many_arguments)]
@@ -730,15 +731,22 @@ pub(super) fn mma_body(
         asm.op(format!("mad.lo.u32 {col}, {}, 8, {gid}", tile.tnr));
         Lanes::Some(asm.lt(&col, &p.n.to_string()))
     };
-    // A last k step of at most 8 in verbatim copies: `mma.m16n8k8`, the fragments' first
-    // halves of k alone.
-    let narrow = |k: usize| flat.contains(&true) && k + 1 == ks && (1..=8).contains(&(p.k % 16));
+    // A last k step of at most 8: `mma.m16n8k8`, the fragments' first halves of k alone
+    // (with `ldmatrix`, A's matrices (0, 0) and (8, 0) and B's k = 0: the lanes' addresses
+    // of the first two, one matrix are those of the wider loads). In verbatim copies
+    // always (their loads of the padding are predicated off anyway).
+    let narrow = |k: usize| {
+        k + 1 == ks
+            && (1..=8).contains(&(p.k % 16))
+            && (flat.contains(&true) || !s.full_last_k_step_apply())
+    };
     let load_a = |asm: &mut Asm, abase: &[String; 2], edge: &[Lanes; 2], k: usize| -> Vec<String> {
         let kb = k * 16 * a_col * 2;
         if ldm {
-            let r: Vec<String> = (0..4).map(|_| asm.reg(Kind::B32)).collect();
+            let n = if narrow(k) { 2 } else { 4 };
+            let r: Vec<String> = (0..n).map(|_| asm.reg(Kind::B32)).collect();
             asm.op(format!(
-                "ldmatrix.sync.aligned.m8n8.x4{a_trans}.shared.b16 {{{}}}, [{}+{kb}]",
+                "ldmatrix.sync.aligned.m8n8.x{n}{a_trans}.shared.b16 {{{}}}, [{}+{kb}]",
                 r.join(", "),
                 abase[0]
             ));
@@ -763,9 +771,10 @@ pub(super) fn mma_body(
     let load_b = |asm: &mut Asm, bbase: &[String; 2], edge: &Lanes, k: usize| -> Vec<String> {
         let kb = k * 16 * b_row * 2;
         if ldm {
-            let r: Vec<String> = (0..2).map(|_| asm.reg(Kind::B32)).collect();
+            let n = if narrow(k) { 1 } else { 2 };
+            let r: Vec<String> = (0..n).map(|_| asm.reg(Kind::B32)).collect();
             asm.op(format!(
-                "ldmatrix.sync.aligned.m8n8.x2{b_trans}.shared.b16 {{{}}}, [{}+{kb}]",
+                "ldmatrix.sync.aligned.m8n8.x{n}{b_trans}.shared.b16 {{{}}}, [{}+{kb}]",
                 r.join(", "),
                 bbase[0]
             ));
