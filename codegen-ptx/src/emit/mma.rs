@@ -485,6 +485,15 @@ fn swapped_below(
     ]
 }
 
+/// Whether a tensor-core kernel runs its last k step as `mma.m16n8k8`: where that step
+/// holds at most 8 of k, with fragments read from verbatim copies (`verbatim`: their
+/// loads of the padding are predicated off anyway) always, else unless the schedule asks
+/// for the full step (`full_last_k_step`). The k padding past k rounded up to 8 is then
+/// never read.
+pub(super) fn narrow_last_k_step(s: &GpuSchedule, p: &ColMajorProblem, verbatim: bool) -> bool {
+    (1..=8).contains(&(p.k % 16)) && (verbatim || !s.full_last_k_step_apply())
+}
+
 /// Tensor-core kernels: `warps` warps per problem; warp w takes 16x8 tiles of C in turn
 /// (`MmaWarp`) and runs `mma.sync.m16n8k16` over the k padded to 16, `m16n8k8` in the last
 /// step where it holds at most 8 of k (the padding is zeros
@@ -733,13 +742,8 @@ pub(super) fn mma_body(
     };
     // A last k step of at most 8: `mma.m16n8k8`, the fragments' first halves of k alone
     // (with `ldmatrix`, A's matrices (0, 0) and (8, 0) and B's k = 0: the lanes' addresses
-    // of the first two, one matrix are those of the wider loads). In verbatim copies
-    // always (their loads of the padding are predicated off anyway).
-    let narrow = |k: usize| {
-        k + 1 == ks
-            && (1..=8).contains(&(p.k % 16))
-            && (flat.contains(&true) || !s.full_last_k_step_apply())
-    };
+    // of the first two, one matrix are those of the wider loads).
+    let narrow = |k: usize| k + 1 == ks && narrow_last_k_step(s, p, flat.contains(&true));
     let load_a = |asm: &mut Asm, abase: &[String; 2], edge: &[Lanes; 2], k: usize| -> Vec<String> {
         let kb = k * 16 * a_col * 2;
         if ldm {

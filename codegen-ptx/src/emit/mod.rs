@@ -598,6 +598,13 @@ pub(crate) fn kernel(
         ),
         None => (p.m, p.k, p.n),
     };
+    // The k padding in the slots that the tensor cores read: none past k rounded up to 8
+    // where the last k step is narrow.
+    let kzero = if s.mma.is_some() && narrow_last_k_step(s, p, false) {
+        p.k.next_multiple_of(8)
+    } else {
+        kext
+    };
     // Operands copied verbatim into their slots (with the shared address of their first
     // element), realigned there once all copies are in.
     let mut deferred: Vec<(&StagedOperand, String, bool)> = Vec::new();
@@ -739,7 +746,7 @@ pub(crate) fn kernel(
                         &mut asm, dtype, &lt, tpp, o.global, o.slot, lead.max, packed, sl, so,
                     );
                 }
-                zero_k_padding(&mut asm, &lt, tpp, o.slot, o.op, p, &layout, kext);
+                zero_k_padding(&mut asm, &lt, tpp, o.slot, o.op, p, &layout, kzero);
             }
         } else {
             load_operand(
@@ -813,7 +820,7 @@ pub(crate) fn kernel(
         asm.op(&barrier);
         for ((o, ..), stores) in deferred.iter().zip(&stores) {
             store_realigned(&mut asm, stores);
-            zero_k_padding(&mut asm, &lt, tpp, o.slot, o.op, p, &layout, kext);
+            zero_k_padding(&mut asm, &lt, tpp, o.slot, o.op, p, &layout, kzero);
         }
     } else {
         asm.sink_shared_stores(staging, sink);
