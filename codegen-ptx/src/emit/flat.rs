@@ -176,9 +176,12 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, s
         b_col,
         (p.n.next_multiple_of(rn) - p.n) * b_col,
     );
+    // Tensor-core kernels place C's span as its 128-byte lines lie in global memory
+    // (`flat_copy`'s `line`): up to 112 bytes more room.
+    let c_room = if mma { 112 } else { 0 };
     // Flat C over A: the block's span (with its shift) inside A's padded copy.
     let c_vectors = (tba * c_len + v - 1).div_ceil(v);
-    let c_flat_over_a = over_a && !a_ok && c_ok && c_vectors * 16 <= layout.a_len * elt;
+    let c_flat_over_a = over_a && !a_ok && c_ok && c_vectors * 16 + c_room <= layout.a_len * elt;
     let c = if c_flat_over_a {
         Some(FlatOperand {
             len: c_len,
@@ -188,7 +191,7 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, s
             vectors: c_vectors,
         })
     } else {
-        region(c_ok, c_len, 1, p.m, 0)
+        region(c_ok, c_len, 1, p.m, c_room / elt)
     };
     FlatPlan {
         a,
@@ -198,6 +201,7 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, s
         b_in_slot,
         c_pad,
         c_over_a: c_flat_over_a || (over_a && c_pad.is_some_and(|c| c.c_in_slot == 0)),
+        c_line: mma,
         shared_bytes: at,
     }
 }
@@ -387,8 +391,13 @@ pub(super) enum FlatCopy {
 /// threads) covers bytes [16 q, 16 q + 16) past the 16-byte boundary at or below `span`.
 /// Vectors wholly inside the span's `end` elements move in one access; the partial ones at
 /// its two ends move element by element (a branch no warp takes but the one at each end),
-/// or, with `FlatCopy::WholeEnds` and `FlatCopy::Async`, whole. Returns the shift (bytes
-/// from the boundary to the span) as a u32 register.
+/// or, with `FlatCopy::WholeEnds` and `FlatCopy::Async`, whole. With `line`, the vectors
+/// lie as many bytes past `region` as the boundary lies past a 128-byte line in global
+/// memory (up to 112: the region needs that much room), so that each line's bytes land in
+/// one 128-byte row of shared memory: `cp.async` writes a line split across two rows as
+/// two wavefronts (ncu at f16 113: 10.5 a warp's 16-byte copy instead of 4). Returns the
+/// shift (bytes from `region` to the span) as a u32 register: the same for the same span,
+/// whichever the direction.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn flat_copy(
     asm: &mut Asm,
@@ -400,6 +409,7 @@ pub(super) fn flat_copy(
     region: &str,
     vectors: usize,
     copy: FlatCopy,
+    line: bool,
 ) -> String {
     let to_shared = copy != FlatCopy::Out;
     let elt = dtype.size();
@@ -418,6 +428,14 @@ pub(super) fn flat_copy(
     asm.op(format!("add.u64 {gq}, {aligned}, {off64}"));
     let sq = asm.reg(Kind::B32);
     asm.op(format!("mad.lo.u32 {sq}, {tid}, 16, {region}"));
+    let placed = line.then(|| {
+        let row = asm.reg(Kind::B32);
+        asm.op(format!("and.b32 {row}, {lo}, 112"));
+        asm.op(format!("add.u32 {sq}, {sq}, {row}"));
+        let placed = asm.reg(Kind::B32);
+        asm.op(format!("and.b32 {placed}, {lo}, 127"));
+        placed
+    });
     // f0: the flat index of this thread's first vector's first element (s32, may be < 0).
     let f0 = asm.reg(Kind::B32);
     let shift_e = asm.reg(Kind::B32);
@@ -516,5 +534,5 @@ pub(super) fn flat_copy(
             asm.place(&done);
         }
     }
-    shift
+    placed.unwrap_or(shift)
 }

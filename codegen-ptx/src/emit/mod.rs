@@ -466,11 +466,13 @@ pub(crate) fn kernel(
                         } else {
                             FlatCopy::In
                         },
+                        flat.c_line,
                     )
                 } else {
                     let lo = asm.reg(Kind::B32);
                     asm.op(format!("cvt.u32.u64 {lo}, {span}"));
-                    asm.op(format!("and.b32 {lo}, {lo}, 15"));
+                    let mask = if flat.c_line { 127 } else { 15 };
+                    asm.op(format!("and.b32 {lo}, {lo}, {mask}"));
                     lo
                 };
                 cflat_region = Some((span, end, region, op.vectors));
@@ -490,7 +492,7 @@ pub(crate) fn kernel(
                     FlatCopy::In
                 };
                 flat_shift[i] = Some(flat_copy(
-                    &mut asm, dtype, &tid, threads, &span, &end, &region, op.vectors, copy,
+                    &mut asm, dtype, &tid, threads, &span, &end, &region, op.vectors, copy, false,
                 ));
             }
         }
@@ -858,6 +860,7 @@ pub(crate) fn kernel(
                 } else {
                     FlatCopy::Out
                 },
+                flat.c_line,
             );
         }
     };
@@ -1235,6 +1238,9 @@ pub(crate) struct FlatPlan {
     /// C's copy (flat or padded) lies in A's place: it is read from global memory in
     /// `mma_body`, after every warp has loaded its A fragments (`GpuSchedule::c_over_a`).
     c_over_a: bool,
+    /// C's flat span lies in shared memory as its 128-byte lines lie in global memory
+    /// (`flat_copy`'s `line`; tensor-core kernels, whose region has room for it).
+    c_line: bool,
     pub(crate) shared_bytes: usize,
 }
 

@@ -705,6 +705,8 @@ pub(super) fn copy_verbatim(
     if vectors * 16 + slack > slot_bytes {
         return None;
     }
+    // Placed as its global 128-byte lines lie where the slot has room for it.
+    let line = vectors * 16 + slack + 112 <= slot_bytes;
     let end = asm.imm32(len as u64);
     let shift = flat_copy(
         asm,
@@ -716,6 +718,7 @@ pub(super) fn copy_verbatim(
         slot,
         vectors,
         FlatCopy::Async,
+        line,
     );
     let first = asm.reg(Kind::B32);
     asm.op(format!("add.u32 {first}, {slot}, {shift}"));
