@@ -516,7 +516,8 @@ struct TuneArgs {
     flatc_only: bool,
     /// Only the planned schedule, with each count of blocks per SM that ptxas must make
     /// room for (`min_blocks`: 0, the code generator's rule, and 1..=4 up to what the
-    /// block's threads allow).
+    /// block's threads allow), each also with the last k step a full `m16n8k16`
+    /// (`full_last_k_step`, where that changes the code).
     #[arg(long)]
     min_blocks: bool,
     /// f16 tensor-core candidates: only the planned schedule and `FlatC` with `ldmatrix`, 8
@@ -723,6 +724,16 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
                                     } else {
                                         out.push(first(f));
                                     }
+                                }
+                                // The last k step a full `m16n8k16` where at most 8 of k are
+                                // left: the narrow step's fewer registers may let one more
+                                // block onto an SM, which lost 17 points at 84 on the H200
+                                // (docs/gpu-notes.md, version 33).
+                                if (1..=8).contains(&(p.k % 16)) {
+                                    out.extend(forms.iter().map(|f| GpuSchedule {
+                                        full_last_k_step: true,
+                                        ..*f
+                                    }));
                                 }
                             }
                         }
@@ -1121,9 +1132,17 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                     let threads = p.resources(&spec.col_major()).threads_per_block.max(1);
                     // Counts past what shared memory allows give the same code: one each.
                     let mut seen = Vec::new();
+                    // Each also with the last k step full (`full_last_k_step`, where it
+                    // changes the code): another lever on the registers.
                     (0..=4)
                         .filter(|&b| b * threads <= 2048)
-                        .map(|b| GpuSchedule { min_blocks: b, ..p })
+                        .flat_map(|b| {
+                            [false, true].map(|full_last_k_step| GpuSchedule {
+                                min_blocks: b,
+                                full_last_k_step,
+                                ..p
+                            })
+                        })
                         .filter(|s| {
                             let text = ptx_code(&spec, gpu.target(), s);
                             let new = !seen.contains(&text);
@@ -1470,6 +1489,31 @@ mod tests {
                 })
             });
             assert!(first > 0, "{sm:?} n = {n}");
+        }
+    }
+
+    /// The default f16 tensor-core candidates offer the last k step as a full `m16n8k16`
+    /// (`full_last_k_step`) as kernels of their own where at most 8 of k are left, and not
+    /// elsewhere.
+    #[test]
+    fn default_candidates_offer_the_full_last_k_step() {
+        let target = GpuTarget::new(Sm::Sm90);
+        for (n, offered) in [
+            (84, true),
+            (113, true),
+            (36, true),
+            (96, false),
+            (45, false),
+        ] {
+            let spec = square(n);
+            let c = mma_candidates(&spec, &target, &[true]);
+            let full = assert_flag_kernels(&spec, &target, &c, |s| {
+                s.full_last_k_step.then_some(GpuSchedule {
+                    full_last_k_step: false,
+                    ..*s
+                })
+            });
+            assert_eq!(full > 0, offered, "n = {n}");
         }
     }
 
