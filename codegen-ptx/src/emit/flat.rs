@@ -24,6 +24,14 @@ pub(super) fn bank_degree(threads: usize, elt: usize, addr: impl Fn(usize) -> us
     worst
 }
 
+/// A line of global memory in bytes: `flat_copy`'s `line` places a span's vectors in
+/// shared memory as they lie in their lines.
+pub(super) const LINE: usize = 128;
+
+/// The room a region needs for `flat_copy`'s `line` placement: up to a line less one
+/// 16-byte vector past its start.
+pub(super) const LINE_ROOM: usize = LINE - 16;
+
 /// Decides the staging of each operand under `s.stage` (see [`smallgemm_ir::Staging`]).
 pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, sm: Sm) -> FlatPlan {
     let layout = s.shared_layout(p);
@@ -178,7 +186,7 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, s
     );
     // Tensor-core kernels place C's span as its 128-byte lines lie in global memory
     // (`flat_copy`'s `line`): up to 112 bytes more room.
-    let c_room = if mma { 112 } else { 0 };
+    let c_room = if mma { LINE_ROOM } else { 0 };
     // Flat C over A: the block's span (with its shift) inside A's padded copy.
     let c_vectors = (tba * c_len + v - 1).div_ceil(v);
     let c_flat_over_a = over_a && !a_ok && c_ok && c_vectors * 16 + c_room <= layout.a_len * elt;
@@ -393,7 +401,7 @@ pub(super) enum FlatCopy {
 /// its two ends move element by element (a branch no warp takes but the one at each end),
 /// or, with `FlatCopy::WholeEnds` and `FlatCopy::Async`, whole. With `line`, the vectors
 /// lie as many bytes past `region` as the boundary lies past a 128-byte line in global
-/// memory (up to 112: the region needs that much room), so that each line's bytes land in
+/// memory (up to `LINE_ROOM`, which the region needs), so that each line's bytes land in
 /// one 128-byte row of shared memory: `cp.async` writes a line split across two rows as
 /// two wavefronts (ncu at f16 113: 10.5 a warp's 16-byte copy instead of 4). Returns the
 /// shift (bytes from `region` to the span) as a u32 register: the same for the same span,
@@ -430,10 +438,10 @@ pub(super) fn flat_copy(
     asm.op(format!("mad.lo.u32 {sq}, {tid}, 16, {region}"));
     let placed = line.then(|| {
         let row = asm.reg(Kind::B32);
-        asm.op(format!("and.b32 {row}, {lo}, 112"));
+        asm.op(format!("and.b32 {row}, {lo}, {LINE_ROOM}"));
         asm.op(format!("add.u32 {sq}, {sq}, {row}"));
         let placed = asm.reg(Kind::B32);
-        asm.op(format!("and.b32 {placed}, {lo}, 127"));
+        asm.op(format!("and.b32 {placed}, {lo}, {}", LINE - 1));
         placed
     });
     // f0: the flat index of this thread's first vector's first element (s32, may be < 0).

@@ -471,7 +471,7 @@ pub(crate) fn kernel(
                 } else {
                     let lo = asm.reg(Kind::B32);
                     asm.op(format!("cvt.u32.u64 {lo}, {span}"));
-                    let mask = if flat.c_line { 127 } else { 15 };
+                    let mask = if flat.c_line { LINE - 1 } else { 15 };
                     asm.op(format!("and.b32 {lo}, {lo}, {mask}"));
                     lo
                 };

@@ -706,7 +706,7 @@ pub(super) fn copy_verbatim(
         return None;
     }
     // Placed as its global 128-byte lines lie where the slot has room for it.
-    let line = vectors * 16 + slack + 112 <= slot_bytes;
+    let line = vectors * 16 + slack + LINE_ROOM <= slot_bytes;
     let end = asm.imm32(len as u64);
     let shift = flat_copy(
         asm,
