@@ -725,6 +725,25 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
                                         out.push(first(f));
                                     }
                                 }
+                                // The epilogue's lanes in swapped order where C's copy is
+                                // verbatim (m odd): its 16-bit accesses were the odd sizes'
+                                // largest bank conflicts (ncu at 113: 1,679 wavefronts a
+                                // problem for an ideal 895; docs/gpu-notes.md, version 33).
+                                // Only where the order changes the code (C's copy in
+                                // shared memory, a table other than the plain one).
+                                if p.m % 2 == 1 {
+                                    for f in &forms {
+                                        let swapped = GpuSchedule {
+                                            epilogue_swaps: true,
+                                            ..*f
+                                        };
+                                        if ptx_code(spec, target, &swapped)
+                                            != ptx_code(spec, target, f)
+                                        {
+                                            out.push(swapped);
+                                        }
+                                    }
+                                }
                                 // The last k step a full `m16n8k16` where at most 8 of k are
                                 // left: the narrow step's fewer registers may let one more
                                 // block onto an SM, which lost 17 points at 84 on the H200
@@ -1489,6 +1508,25 @@ mod tests {
                 })
             });
             assert!(first > 0, "{sm:?} n = {n}");
+        }
+    }
+
+    /// The default f16 tensor-core candidates offer the epilogue's swapped lane order
+    /// (`epilogue_swaps`) where m is odd (C's copy verbatim), as kernels of their own where
+    /// the order changes (97, 113), and not where m is even.
+    #[test]
+    fn default_candidates_offer_the_epilogue_swaps() {
+        let target = GpuTarget::new(Sm::Sm90);
+        for (n, offered) in [(97, true), (113, true), (98, false)] {
+            let spec = square(n);
+            let c = mma_candidates(&spec, &target, &[true]);
+            let swapped = assert_flag_kernels(&spec, &target, &c, |s| {
+                s.epilogue_swaps.then_some(GpuSchedule {
+                    epilogue_swaps: false,
+                    ..*s
+                })
+            });
+            assert_eq!(swapped > 0, offered, "n = {n}");
         }
     }
 
