@@ -32,6 +32,17 @@ pub(super) const LINE: usize = 128;
 /// 16-byte vector past its start.
 pub(super) const LINE_ROOM: usize = LINE - 16;
 
+/// The mask that takes a span's address to its shift as `flat_copy` returns it: the bytes
+/// from its region's start to the span's first element (past the 16-byte boundary, or with
+/// `line` past the 128-byte line).
+pub(super) fn shift_mask(line: bool) -> usize {
+    if line {
+        LINE - 1
+    } else {
+        15
+    }
+}
+
 /// Decides the staging of each operand under `s.stage` (see [`smallgemm_ir::Staging`]).
 pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, sm: Sm) -> FlatPlan {
     let layout = s.shared_layout(p);
@@ -425,7 +436,7 @@ pub(super) fn flat_copy(
     let lo = asm.reg(Kind::B32);
     asm.op(format!("cvt.u32.u64 {lo}, {span}"));
     let shift = asm.reg(Kind::B32);
-    asm.op(format!("and.b32 {shift}, {lo}, 15"));
+    asm.op(format!("and.b32 {shift}, {lo}, {}", shift_mask(false)));
     let shift64 = asm.reg(Kind::B64);
     asm.op(format!("cvt.u64.u32 {shift64}, {shift}"));
     let aligned = asm.reg(Kind::B64);
@@ -441,7 +452,7 @@ pub(super) fn flat_copy(
         asm.op(format!("and.b32 {row}, {lo}, {LINE_ROOM}"));
         asm.op(format!("add.u32 {sq}, {sq}, {row}"));
         let placed = asm.reg(Kind::B32);
-        asm.op(format!("and.b32 {placed}, {lo}, {}", LINE - 1));
+        asm.op(format!("and.b32 {placed}, {lo}, {}", shift_mask(true)));
         placed
     });
     // f0: the flat index of this thread's first vector's first element (s32, may be < 0).

@@ -744,17 +744,20 @@ pub(super) fn mma_body(
     // (with `ldmatrix`, A's matrices (0, 0) and (8, 0) and B's k = 0: the lanes' addresses
     // of the first two, one matrix are those of the wider loads).
     let narrow = |k: usize| k + 1 == ks && narrow_last_k_step(s, p, flat.contains(&true));
+    // `count` 8x8 matrices at `addr` (one register each).
+    let ldmatrix = |asm: &mut Asm, count: usize, trans: &str, addr: String| -> Vec<String> {
+        let r: Vec<String> = (0..count).map(|_| asm.reg(Kind::B32)).collect();
+        asm.op(format!(
+            "ldmatrix.sync.aligned.m8n8.x{count}{trans}.shared.b16 {{{}}}, [{addr}]",
+            r.join(", ")
+        ));
+        r
+    };
     let load_a = |asm: &mut Asm, abase: &[String; 2], edge: &[Lanes; 2], k: usize| -> Vec<String> {
         let kb = k * 16 * a_col * 2;
         if ldm {
-            let n = if narrow(k) { 2 } else { 4 };
-            let r: Vec<String> = (0..n).map(|_| asm.reg(Kind::B32)).collect();
-            asm.op(format!(
-                "ldmatrix.sync.aligned.m8n8.x{n}{a_trans}.shared.b16 {{{}}}, [{}+{kb}]",
-                r.join(", "),
-                abase[0]
-            ));
-            return r;
+            let count = if narrow(k) { 2 } else { 4 };
+            return ldmatrix(asm, count, a_trans, format!("{}+{kb}", abase[0]));
         }
         // {a0 a1}: (gid, 2tig), {a2 a3}: row + 8, {a4 a5}: k + 8, {a6 a7}: both.
         let offs = [
@@ -775,14 +778,8 @@ pub(super) fn mma_body(
     let load_b = |asm: &mut Asm, bbase: &[String; 2], edge: &Lanes, k: usize| -> Vec<String> {
         let kb = k * 16 * b_row * 2;
         if ldm {
-            let n = if narrow(k) { 1 } else { 2 };
-            let r: Vec<String> = (0..n).map(|_| asm.reg(Kind::B32)).collect();
-            asm.op(format!(
-                "ldmatrix.sync.aligned.m8n8.x{n}{b_trans}.shared.b16 {{{}}}, [{}+{kb}]",
-                r.join(", "),
-                bbase[0]
-            ));
-            return r;
+            let count = if narrow(k) { 1 } else { 2 };
+            return ldmatrix(asm, count, b_trans, format!("{}+{kb}", bbase[0]));
         }
         // {b0 b1}: (2tig, gid), {b2 b3}: k + 8.
         let words = if narrow(k) { 1 } else { 2 };

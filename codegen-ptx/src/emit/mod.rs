@@ -471,8 +471,7 @@ pub(crate) fn kernel(
                 } else {
                     let lo = asm.reg(Kind::B32);
                     asm.op(format!("cvt.u32.u64 {lo}, {span}"));
-                    let mask = if flat.c_line { LINE - 1 } else { 15 };
-                    asm.op(format!("and.b32 {lo}, {lo}, {mask}"));
+                    asm.op(format!("and.b32 {lo}, {lo}, {}", shift_mask(flat.c_line)));
                     lo
                 };
                 cflat_region = Some((span, end, region, op.vectors));
