@@ -5,6 +5,7 @@
 
 #![cfg(feature = "cuda")]
 
+use rayon::prelude::*;
 use smallgemm::cuda::cudarc::driver::{CudaSlice, DevicePtr};
 use smallgemm::cuda::{self, f16, BatchKind, CudaError, Gpu, GpuElement, Group};
 use smallgemm::{Dtype, GemmSpec, Layout, Operand, Scalar, Trans};
@@ -25,6 +26,94 @@ fn gpu(test: &str) -> Option<Gpu> {
 /// Values of alpha/beta the kernels receive for each kind.
 fn value(s: Scalar, runtime: f64) -> f64 {
     s.value().unwrap_or(runtime)
+}
+
+/// The environment variable that runs one shard of a test's jobs (`i/n`: those whose index
+/// is i mod n) in a child process of [`in_parallel`].
+const SHARD: &str = "SMALLGEMM_GPU_TEST_SHARD";
+
+/// The environment variable that sets how many processes [`in_parallel`] spreads a test's
+/// jobs over (default: a quarter of the host's cores, at most 8; 1 runs them in this one).
+const PROCESSES: &str = "SMALLGEMM_GPU_TEST_PROCESSES";
+
+/// What a shard prints for each failure, and once when it has run all its jobs (after
+/// libtest's "test name ... ", not at a line's start).
+const FAILED_JOB: &str = "smallgemm-failed-job: ";
+const SHARD_DONE: &str = "smallgemm-shard-done: ";
+
+/// Runs `check` on every job of `test` (the name of the calling test) and returns the
+/// failures, shard by shard. The jobs are spread over child processes of this test binary,
+/// each running `test` alone on its shard (every n-th job), each shard's jobs on rayon's
+/// threads. Compiling the kernels, not running them, takes the tests' time, and the driver
+/// seems to compile one process's modules one at a time: on an H200 the 19 tests in one
+/// process, their jobs on 16 threads, had not finished after 440 s. A child that fails
+/// without reporting its jobs, or never reports finishing them, is a failure too.
+fn in_parallel<J: Sync>(
+    test: &str,
+    jobs: &[J],
+    check: impl Fn(&J) -> Result<(), String> + Sync,
+) -> Vec<String> {
+    let run = |mine: &(dyn Fn(usize) -> bool + Sync)| -> Vec<String> {
+        jobs.par_iter()
+            .enumerate()
+            .filter(|(i, _)| mine(*i))
+            .filter_map(|(_, j)| check(j).err())
+            .collect()
+    };
+    if let Ok(shard) = std::env::var(SHARD) {
+        let (i, n) = shard
+            .split_once('/')
+            .and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)))
+            .unwrap_or_else(|| panic!("{SHARD}={shard} is not i/n"));
+        let failures = run(&|j| j % n == i);
+        for f in &failures {
+            println!("{FAILED_JOB}{}", f.replace('\n', " | "));
+        }
+        println!("{SHARD_DONE}{shard}");
+        return failures;
+    }
+    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let processes = std::env::var(PROCESSES)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or((cores / 4).clamp(1, 8));
+    if processes <= 1 {
+        return run(&|_| true);
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let children: Vec<_> = (0..processes)
+        .map(|i| {
+            std::process::Command::new(&exe)
+                .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+                .env(SHARD, format!("{i}/{processes}"))
+                .env_remove(PROCESSES)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {}: {e}", exe.display()))
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for (i, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().expect("a shard's output");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let reported: Vec<String> = stdout
+            .lines()
+            .filter_map(|l| l.split_once(FAILED_JOB).map(|(_, f)| f.to_string()))
+            .collect();
+        let done = stdout.contains(SHARD_DONE);
+        if !done || (reported.is_empty() && !out.status.success()) {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
+            failures.push(format!(
+                "{test}: shard {i}/{processes} ({}) did not finish its jobs: {}",
+                out.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            ));
+        }
+        failures.extend(reported);
+    }
+    failures
 }
 
 fn specs(dtype: Dtype) -> Vec<GemmSpec> {
@@ -161,20 +250,19 @@ fn f64_and_f32_strided_match_the_reference() {
     let Some(gpu) = gpu("f64_and_f32_strided") else {
         return;
     };
-    let mut failures = Vec::new();
-    let mut count = 0;
-    for (i, spec) in specs(Dtype::F64).iter().enumerate() {
-        count += 1;
-        if let Err(e) = run_f::<f64>(&gpu, spec, i as u64) {
-            failures.push(e);
-        }
-    }
-    for (i, spec) in specs(Dtype::F32).iter().enumerate() {
-        count += 1;
-        if let Err(e) = run_f::<f32>(&gpu, spec, 1000 + i as u64) {
-            failures.push(e);
-        }
-    }
+    let jobs: Vec<(u64, GemmSpec)> = [(Dtype::F64, 0), (Dtype::F32, 1000)]
+        .into_iter()
+        .flat_map(|(d, base)| (base..).zip(specs(d)))
+        .collect();
+    let count = jobs.len();
+    let failures = in_parallel(
+        "f64_and_f32_strided_match_the_reference",
+        &jobs,
+        |(seed, spec)| match spec.dtype() {
+            Dtype::F64 => run_f::<f64>(&gpu, spec, *seed),
+            _ => run_f::<f32>(&gpu, spec, *seed),
+        },
+    );
     println!("{count} f64/f32 specs checked, {} failed", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -187,8 +275,7 @@ fn every_staging_matches() {
     let Some(gpu) = gpu("every_staging") else {
         return;
     };
-    let mut failures = Vec::new();
-    let mut count = 0;
+    let mut jobs = Vec::new();
     let shapes = [
         (1, 1, 1),
         (2, 2, 2),
@@ -254,21 +341,22 @@ fn every_staging_matches() {
                         if s.validate(&p, gpu.target()).is_err() {
                             continue;
                         }
-                        count += 1;
-                        let seed = count as u64;
-                        let r = match d {
-                            Dtype::F64 => run_f_with::<f64>(&gpu, &spec, seed, Some(&s)),
-                            Dtype::F32 => run_f_with::<f32>(&gpu, &spec, seed, Some(&s)),
-                            Dtype::F16 => run_f16_with(&gpu, &spec, seed, Some(&s)),
-                        };
-                        if let Err(e) = r {
-                            failures.push(e);
-                        }
+                        jobs.push((jobs.len() as u64 + 1, spec, s));
                     }
                 }
             }
         }
     }
+    let failures = in_parallel(
+        "every_staging_matches",
+        &jobs,
+        |(seed, spec, s)| match spec.dtype() {
+            Dtype::F64 => run_f_with::<f64>(&gpu, spec, *seed, Some(s)),
+            Dtype::F32 => run_f_with::<f32>(&gpu, spec, *seed, Some(s)),
+            Dtype::F16 => run_f16_with(&gpu, spec, *seed, Some(s)),
+        },
+    );
+    let count = jobs.len();
     println!("{count} staged kernels checked, {} failed", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -278,33 +366,32 @@ fn every_square_size_matches() {
     let Some(gpu) = gpu("every_square_size") else {
         return;
     };
-    let mut failures = Vec::new();
-    for n in 1..=40 {
-        for (d, seed) in [(Dtype::F64, 1), (Dtype::F32, 2)] {
-            let spec = GemmSpec::builder(d, n, n, n)
-                .alpha(Scalar::fixed(1.5).unwrap())
-                .beta(Scalar::fixed(0.5).unwrap())
-                .build()
-                .unwrap();
-            let r = match d {
-                Dtype::F64 => run_f::<f64>(&gpu, &spec, seed + n as u64),
-                _ => run_f::<f32>(&gpu, &spec, seed + n as u64),
-            };
-            if let Err(e) = r {
-                failures.push(e);
-            }
-        }
-    }
-    for n in 1..=128 {
-        let spec = GemmSpec::builder(Dtype::F16, n, n, n)
+    let square = |d, n| {
+        GemmSpec::builder(d, n, n, n)
             .alpha(Scalar::fixed(1.5).unwrap())
             .beta(Scalar::fixed(0.5).unwrap())
             .build()
-            .unwrap();
-        if let Err(e) = run_f16(&gpu, &spec, n as u64, BatchKind::Strided) {
-            failures.push(e);
-        }
-    }
+            .unwrap()
+    };
+    let jobs: Vec<(u64, GemmSpec)> = (1..=40)
+        .flat_map(|n| {
+            [
+                (n + 1, square(Dtype::F64, n)),
+                (n + 2, square(Dtype::F32, n)),
+            ]
+        })
+        .chain((1..=128).map(|n| (n, square(Dtype::F16, n))))
+        .map(|(seed, spec)| (seed as u64, spec))
+        .collect();
+    let failures = in_parallel(
+        "every_square_size_matches",
+        &jobs,
+        |(seed, spec)| match spec.dtype() {
+            Dtype::F64 => run_f::<f64>(&gpu, spec, *seed),
+            Dtype::F32 => run_f::<f32>(&gpu, spec, *seed),
+            Dtype::F16 => run_f16(&gpu, spec, *seed, BatchKind::Strided),
+        },
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -432,18 +519,15 @@ fn f16_matches_the_reference() {
     let Some(gpu) = gpu("f16") else {
         return;
     };
-    let mut failures = Vec::new();
-    let all = specs(Dtype::F16);
-    for (i, spec) in all.iter().enumerate() {
+    let all: Vec<(usize, GemmSpec)> = specs(Dtype::F16).into_iter().enumerate().collect();
+    let failures = in_parallel("f16_matches_the_reference", &all, |(i, spec)| {
         let kind = if i % 4 == 3 {
             BatchKind::PointerArray
         } else {
             BatchKind::Strided
         };
-        if let Err(e) = run_f16(&gpu, spec, 500 + i as u64, kind) {
-            failures.push(e);
-        }
-    }
+        run_f16(&gpu, spec, 500 + *i as u64, kind)
+    });
     println!("{} f16 specs checked, {} failed", all.len(), failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -515,8 +599,8 @@ fn mma_variant_specs() -> Vec<GemmSpec> {
 /// Runs every variant under 1, 2 (3 problems per block), 8 and 16 warps on every spec of
 /// `mma_variant_specs` (where the schedule fits), against the reference; panics with the
 /// failures.
-fn check_mma_variants(gpu: &Gpu, variants: &[GpuSchedule], seed: u64) {
-    let mut failures = Vec::new();
+fn check_mma_variants(test: &str, gpu: &Gpu, variants: &[GpuSchedule], seed: u64) {
+    let mut jobs = Vec::new();
     let mut count = 0;
     for (i, spec) in mma_variant_specs().iter().enumerate() {
         let p = spec.col_major();
@@ -531,12 +615,13 @@ fn check_mma_variants(gpu: &Gpu, variants: &[GpuSchedule], seed: u64) {
                     continue;
                 }
                 count += 1;
-                if let Err(e) = run_f16_with(gpu, spec, seed + (i * 7 + count) as u64, Some(&s)) {
-                    failures.push(format!("{s:?}: {e}"));
-                }
+                jobs.push((seed + (i * 7 + count) as u64, *spec, s));
             }
         }
     }
+    let failures = in_parallel(test, &jobs, |(seed, spec, s)| {
+        run_f16_with(gpu, spec, *seed, Some(s)).map_err(|e| format!("{s:?}: {e}"))
+    });
     println!("{count} f16 mma kernels checked, {} failed", failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -581,7 +666,7 @@ fn f16_mma_loaders_match() {
             ..variant(false, Staging::FlatC, false, 2)
         },
     ];
-    check_mma_variants(&gpu, &variants, 900);
+    check_mma_variants("f16_mma_loaders_match", &gpu, &variants, 900);
 }
 
 /// The verbatim copies into shared memory through `cp.async` (`GpuSchedule::async_copies`)
@@ -606,7 +691,7 @@ fn f16_async_copies_match() {
             ..variant(false, Staging::FlatC, false, 0)
         }),
     ];
-    check_mma_variants(&gpu, &variants, 1900);
+    check_mma_variants("f16_async_copies_match", &gpu, &variants, 1900);
 }
 
 /// A and B copied verbatim into their slots through `cp.async` and realigned there
@@ -632,7 +717,7 @@ fn f16_realign_in_shared_matches() {
         in_shared(variant(false, Staging::FlatC, false, 0)),
         in_shared(variant(true, Staging::Flat, true, 0)),
     ];
-    check_mma_variants(&gpu, &variants, 2300);
+    check_mma_variants("f16_realign_in_shared_matches", &gpu, &variants, 2300);
 }
 
 /// C's copy in A's place (`GpuSchedule::c_over_a`): 8 and 16 warps and the multiples of the
@@ -648,7 +733,7 @@ fn f16_c_over_a_matches() {
     let Some(gpu) = gpu("f16_c_over_a") else {
         return;
     };
-    let mut failures = Vec::new();
+    let mut jobs = Vec::new();
     let mut count = 0;
     let half = Scalar::fixed(0.5).unwrap();
     let mut all = Vec::new();
@@ -721,12 +806,13 @@ fn f16_c_over_a_matches() {
                     continue;
                 }
                 count += 1;
-                if let Err(e) = run_f16_with(&gpu, spec, 1700 + (i * 5 + count) as u64, Some(&s)) {
-                    failures.push(format!("{s:?}: {e}"));
-                }
+                jobs.push((1700 + (i * 5 + count) as u64, *spec, s));
             }
         }
     }
+    let failures = in_parallel("f16_c_over_a_matches", &jobs, |(seed, spec, s)| {
+        run_f16_with(&gpu, spec, *seed, Some(s)).map_err(|e| format!("{s:?}: {e}"))
+    });
     println!(
         "{count} f16 c_over_a kernels checked, {} failed",
         failures.len()
@@ -783,27 +869,34 @@ fn f16_epilogue_swaps_match() {
         return;
     };
     let cases = f16_flag_cases((17..=127usize).step_by(2));
-    check_flag_cases(&gpu, "epilogue_swaps", cases, (2700, 5), |_, spec| {
-        let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
-        let flatc = |warps, tba, mma_group, flat_fragments| GpuSchedule {
-            stage: Staging::FlatC,
-            mma_group,
-            flat_fragments,
-            ..GpuSchedule::mma(warps, tba, !flat_fragments)
-        };
-        let mut variants = vec![planned, flatc(2, 2, 3, false), flatc(8, 1, 2, false)];
-        if spec.m() <= 40 {
-            variants.push(flatc(2, 2, 0, true));
-        }
-        variants
-            .into_iter()
-            .map(|v| GpuSchedule {
-                epilogue_swaps: true,
-                ..v
-            })
-            .filter(|s| s.epilogue_swaps_apply())
-            .collect()
-    });
+    check_flag_cases(
+        "f16_epilogue_swaps_match",
+        &gpu,
+        "epilogue_swaps",
+        cases,
+        (2700, 5),
+        |_, spec| {
+            let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
+            let flatc = |warps, tba, mma_group, flat_fragments| GpuSchedule {
+                stage: Staging::FlatC,
+                mma_group,
+                flat_fragments,
+                ..GpuSchedule::mma(warps, tba, !flat_fragments)
+            };
+            let mut variants = vec![planned, flatc(2, 2, 3, false), flatc(8, 1, 2, false)];
+            if spec.m() <= 40 {
+                variants.push(flatc(2, 2, 0, true));
+            }
+            variants
+                .into_iter()
+                .map(|v| GpuSchedule {
+                    epilogue_swaps: true,
+                    ..v
+                })
+                .filter(|s| s.epilogue_swaps_apply())
+                .collect()
+        },
+    );
 }
 
 /// The epilogue's loads before its stores (`GpuSchedule::epilogue_loads_first`: each
@@ -819,31 +912,38 @@ fn f16_epilogue_loads_first_matches() {
         return;
     };
     let cases = f16_flag_cases((9..=125usize).step_by(4));
-    check_flag_cases(&gpu, "epilogue_loads_first", cases, (4700, 7), |_, spec| {
-        let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
-        let flatc = |warps, tba, mma_group, element_epilogue| GpuSchedule {
-            stage: Staging::FlatC,
-            mma_group,
-            element_epilogue,
-            ..GpuSchedule::mma(warps, tba, true)
-        };
-        let padded = GpuSchedule::mma(4, 1, true);
-        [
-            planned,
-            flatc(2, 2, 3, false),
-            flatc(8, 1, 2, false),
-            flatc(2, 2, 3, true),
-            flatc(8, 1, 2, true),
-            padded,
-        ]
-        .into_iter()
-        .map(|v| GpuSchedule {
-            epilogue_loads_first: true,
-            ..v
-        })
-        .filter(|s| s.epilogue_loads_first_apply())
-        .collect()
-    });
+    check_flag_cases(
+        "f16_epilogue_loads_first_matches",
+        &gpu,
+        "epilogue_loads_first",
+        cases,
+        (4700, 7),
+        |_, spec| {
+            let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
+            let flatc = |warps, tba, mma_group, element_epilogue| GpuSchedule {
+                stage: Staging::FlatC,
+                mma_group,
+                element_epilogue,
+                ..GpuSchedule::mma(warps, tba, true)
+            };
+            let padded = GpuSchedule::mma(4, 1, true);
+            [
+                planned,
+                flatc(2, 2, 3, false),
+                flatc(8, 1, 2, false),
+                flatc(2, 2, 3, true),
+                flatc(8, 1, 2, true),
+                padded,
+            ]
+            .into_iter()
+            .map(|v| GpuSchedule {
+                epilogue_loads_first: true,
+                ..v
+            })
+            .filter(|s| s.epilogue_loads_first_apply())
+            .collect()
+        },
+    );
 }
 
 /// The last k step as a full `m16n8k16` (`GpuSchedule::full_last_k_step`) where at most 8
@@ -860,28 +960,35 @@ fn f16_full_last_k_step_matches() {
         .into_iter()
         .filter(|(_, spec)| (1..=8).contains(&(spec.k() % 16)))
         .collect();
-    check_flag_cases(&gpu, "full_last_k_step", cases, (4900, 7), |_, spec| {
-        let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
-        let flatc = |warps, tba, mma_group| GpuSchedule {
-            stage: Staging::FlatC,
-            mma_group,
-            ..GpuSchedule::mma(warps, tba, true)
-        };
-        [
-            planned,
-            flatc(8, 1, 2),
-            flatc(2, 2, 0),
-            GpuSchedule::mma(4, 1, true),
-            GpuSchedule::mma(4, 1, false),
-        ]
-        .into_iter()
-        .map(|v| GpuSchedule {
-            full_last_k_step: true,
-            ..v
-        })
-        .filter(|s| s.full_last_k_step_apply())
-        .collect()
-    });
+    check_flag_cases(
+        "f16_full_last_k_step_matches",
+        &gpu,
+        "full_last_k_step",
+        cases,
+        (4900, 7),
+        |_, spec| {
+            let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
+            let flatc = |warps, tba, mma_group| GpuSchedule {
+                stage: Staging::FlatC,
+                mma_group,
+                ..GpuSchedule::mma(warps, tba, true)
+            };
+            [
+                planned,
+                flatc(8, 1, 2),
+                flatc(2, 2, 0),
+                GpuSchedule::mma(4, 1, true),
+                GpuSchedule::mma(4, 1, false),
+            ]
+            .into_iter()
+            .map(|v| GpuSchedule {
+                full_last_k_step: true,
+                ..v
+            })
+            .filter(|s| s.full_last_k_step_apply())
+            .collect()
+        },
+    );
 }
 
 /// Column sweep (`GpuSchedule::column_sweep`): each warp takes whole columns of tiles with
@@ -896,34 +1003,41 @@ fn f16_column_sweep_matches() {
     };
     let cases = f16_flag_cases((9..=64usize).chain([65, 80, 97, 128]));
     // Not vacuous: 736 kernels fit on an H100.
-    check_flag_cases(&gpu, "column_sweep", cases, (3700, 13), |_, spec| {
-        let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
-        let mut variants = vec![planned];
-        for (warps, tba) in [(1, 1), (2, 2), (4, 1)] {
-            for (stage, prefetch_c, flat_fragments) in [
-                (Staging::FlatC, false, false),
-                (Staging::FlatC, false, true),
-                (Staging::Flat, true, false),
-                (Staging::Padded, false, false),
-            ] {
-                variants.push(GpuSchedule {
-                    stage,
-                    prefetch_c,
-                    flat_fragments,
-                    epilogue_swaps: spec.m() % 2 == 1,
-                    ..GpuSchedule::mma(warps, tba, !flat_fragments)
-                });
+    check_flag_cases(
+        "f16_column_sweep_matches",
+        &gpu,
+        "column_sweep",
+        cases,
+        (3700, 13),
+        |_, spec| {
+            let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
+            let mut variants = vec![planned];
+            for (warps, tba) in [(1, 1), (2, 2), (4, 1)] {
+                for (stage, prefetch_c, flat_fragments) in [
+                    (Staging::FlatC, false, false),
+                    (Staging::FlatC, false, true),
+                    (Staging::Flat, true, false),
+                    (Staging::Padded, false, false),
+                ] {
+                    variants.push(GpuSchedule {
+                        stage,
+                        prefetch_c,
+                        flat_fragments,
+                        epilogue_swaps: spec.m() % 2 == 1,
+                        ..GpuSchedule::mma(warps, tba, !flat_fragments)
+                    });
+                }
             }
-        }
-        variants
-            .into_iter()
-            .map(|v| GpuSchedule {
-                column_sweep: true,
-                ..v
-            })
-            .filter(|s| s.column_sweep_apply())
-            .collect()
-    });
+            variants
+                .into_iter()
+                .map(|v| GpuSchedule {
+                    column_sweep: true,
+                    ..v
+                })
+                .filter(|s| s.column_sweep_apply())
+                .collect()
+        },
+    );
 }
 
 /// Column tiles in groups where each warp keeps one row of tiles (`GpuSchedule::row_group`):
@@ -939,31 +1053,38 @@ fn f16_row_group_matches() {
         return;
     };
     let cases = f16_flag_cases((9..=128usize).step_by(4).chain([120, 127, 128]));
-    check_flag_cases(&gpu, "row_group", cases, (4700, 11), |i, spec| {
-        let m = spec.m();
-        let mt = m.div_ceil(16) as u32;
-        let mut variants = Vec::new();
-        for per_row in [1, 2, 3] {
-            for (stage, ldmatrix, prefetch_c, c_over_a, realign) in [
-                (Staging::FlatC, true, false, false, false),
-                (Staging::FlatC, true, false, true, true),
-                (Staging::Flat, true, true, false, false),
-                (Staging::Padded, false, false, false, false),
-            ] {
-                variants.push(GpuSchedule {
-                    stage,
-                    prefetch_c,
-                    c_over_a,
-                    realign_in_shared: realign,
-                    async_copies: realign,
-                    epilogue_swaps: m % 2 == 1,
-                    row_group: 2 + (variants.len() + i) as u32 % 3,
-                    ..GpuSchedule::mma(mt * per_row, 1, ldmatrix)
-                });
+    check_flag_cases(
+        "f16_row_group_matches",
+        &gpu,
+        "row_group",
+        cases,
+        (4700, 11),
+        |i, spec| {
+            let m = spec.m();
+            let mt = m.div_ceil(16) as u32;
+            let mut variants = Vec::new();
+            for per_row in [1, 2, 3] {
+                for (stage, ldmatrix, prefetch_c, c_over_a, realign) in [
+                    (Staging::FlatC, true, false, false, false),
+                    (Staging::FlatC, true, false, true, true),
+                    (Staging::Flat, true, true, false, false),
+                    (Staging::Padded, false, false, false, false),
+                ] {
+                    variants.push(GpuSchedule {
+                        stage,
+                        prefetch_c,
+                        c_over_a,
+                        realign_in_shared: realign,
+                        async_copies: realign,
+                        epilogue_swaps: m % 2 == 1,
+                        row_group: 2 + (variants.len() + i) as u32 % 3,
+                        ..GpuSchedule::mma(mt * per_row, 1, ldmatrix)
+                    });
+                }
             }
-        }
-        variants
-    });
+            variants
+        },
+    );
 }
 
 /// A and B straight into their padded slots through `cp.async` (`GpuSchedule::slot_copies`):
@@ -979,50 +1100,58 @@ fn f16_slot_copies_match() {
         return;
     };
     let cases = f16_flag_cases((9..=128usize).step_by(3).chain([120, 128]));
-    check_flag_cases(&gpu, "slot_copies", cases, (5700, 7), |i, spec| {
-        let m = spec.m();
-        let mt = m.div_ceil(16) as u32;
-        let flatc = |warps, tba, ldmatrix| GpuSchedule {
-            stage: Staging::FlatC,
-            async_copies: true,
-            slot_copies: true,
-            epilogue_swaps: m % 2 == 1,
-            ..GpuSchedule::mma(warps, tba, ldmatrix)
-        };
-        vec![
-            GpuSchedule {
-                row_group: 2 + i as u32 % 3,
-                ..flatc(mt, 1, true)
-            },
-            GpuSchedule {
-                mma_group: 2,
-                ..flatc(2, 2, true)
-            },
-            GpuSchedule {
-                c_over_a: true,
-                realign_in_shared: true,
-                min_blocks: 2,
-                ..flatc(2 * mt, 1, true)
-            },
-            flatc(4, 1, false),
-        ]
-        .into_iter()
-        .filter(|s| s.slot_copies_apply())
-        .collect()
-    });
+    check_flag_cases(
+        "f16_slot_copies_match",
+        &gpu,
+        "slot_copies",
+        cases,
+        (5700, 7),
+        |i, spec| {
+            let m = spec.m();
+            let mt = m.div_ceil(16) as u32;
+            let flatc = |warps, tba, ldmatrix| GpuSchedule {
+                stage: Staging::FlatC,
+                async_copies: true,
+                slot_copies: true,
+                epilogue_swaps: m % 2 == 1,
+                ..GpuSchedule::mma(warps, tba, ldmatrix)
+            };
+            vec![
+                GpuSchedule {
+                    row_group: 2 + i as u32 % 3,
+                    ..flatc(mt, 1, true)
+                },
+                GpuSchedule {
+                    mma_group: 2,
+                    ..flatc(2, 2, true)
+                },
+                GpuSchedule {
+                    c_over_a: true,
+                    realign_in_shared: true,
+                    min_blocks: 2,
+                    ..flatc(2 * mt, 1, true)
+                },
+                flatc(4, 1, false),
+            ]
+            .into_iter()
+            .filter(|s| s.slot_copies_apply())
+            .collect()
+        },
+    );
 }
 
 /// Runs on each case `(i, spec)` the schedules `variants(i, spec)` gives (those that fit),
 /// against the reference, with seeds `base + i * step + count`; panics with the failures,
 /// or where no schedule fits at all.
 fn check_flag_cases(
+    test: &str,
     gpu: &Gpu,
     what: &str,
     cases: Vec<(usize, GemmSpec)>,
     (base, step): (u64, u64),
     variants: impl Fn(usize, &GemmSpec) -> Vec<GpuSchedule>,
 ) {
-    let mut failures = Vec::new();
+    let mut jobs = Vec::new();
     let mut count = 0;
     for (i, spec) in cases {
         let p = spec.col_major();
@@ -1031,13 +1160,15 @@ fn check_flag_cases(
                 continue;
             }
             count += 1;
-            let seed = base + i as u64 * step + count;
-            if let Err(e) = run_f16_with(gpu, &spec, seed, Some(&s)) {
-                let (m, n, k) = (spec.m(), spec.n(), spec.k());
-                failures.push(format!("{m}x{n}x{k} {s:?}: {e}"));
-            }
+            jobs.push((base + i as u64 * step + count, spec, s));
         }
     }
+    let failures = in_parallel(test, &jobs, |(seed, spec, s)| {
+        run_f16_with(gpu, spec, *seed, Some(s)).map_err(|e| {
+            let (m, n, k) = (spec.m(), spec.n(), spec.k());
+            format!("{m}x{n}x{k} {s:?}: {e}")
+        })
+    });
     println!(
         "{count} f16 {what} kernels checked, {} failed",
         failures.len()

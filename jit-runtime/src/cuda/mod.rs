@@ -315,17 +315,21 @@ impl Gpu {
         self.get_or_compile((*spec, kind, Some(*schedule)))
     }
 
-    /// Kernels compiled so far (cache misses).
+    /// Kernels compiled so far (cache misses; one that two threads compiled at once counts
+    /// once).
     pub fn compilations(&self) -> usize {
         self.compilations.load(Ordering::Relaxed)
     }
 
     fn get_or_compile(&self, key: CacheKey) -> Result<Arc<GpuKernel>, CudaError> {
         // A poisoned lock only means another thread panicked mid-insert; the map is intact.
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = cache.get(&key) {
+        let cache = || self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = cache().get(&key) {
             return Ok(k.clone());
         }
+        // Compiled outside the lock: the driver's PTX compiler takes 0.1-0.5 s for a large
+        // kernel, and other threads' kernels need not wait for it. Two threads that miss
+        // the same key both compile it; the first one inserted is kept.
         let (spec, kind, schedule) = key;
         let ptx = smallgemm_codegen_ptx::generate(&spec, &self.target, schedule.as_ref(), kind)?;
         let module = self
@@ -338,15 +342,18 @@ impl Gpu {
                 ptx.shared_bytes as i32,
             )?;
         }
-        self.compilations.fetch_add(1, Ordering::Relaxed);
-        let kernel = Arc::new(GpuKernel {
+        let compiled = Arc::new(GpuKernel {
             spec,
             ptx,
             func,
             _module: module,
         });
-        cache.insert(key, kernel.clone());
-        Ok(kernel)
+        let mut cache = cache();
+        let kernel = cache.entry(key).or_insert_with(|| {
+            self.compilations.fetch_add(1, Ordering::Relaxed);
+            compiled
+        });
+        Ok(kernel.clone())
     }
 
     /// Runs several strided batches (of possibly different specs) back to back on `stream`.
