@@ -761,6 +761,41 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
             }
         }
     }
+    out.extend(row_pair_candidates(&p, target, loaders, &out));
+    out
+}
+
+/// Two row tiles a warp (`row_pairs`), one problem a block, C through shared memory and
+/// its copy through `cp.async`, at each multiple of the pairs up to 16 warps, with at most
+/// one block per SM asked of ptxas (twice A's fragments in registers), alone and with
+/// the column tiles in groups: the H200's winners at 52..128 (docs/gpu-notes.md, version
+/// 34). Only those whose code differs from every candidate in `before`.
+fn row_pair_candidates(
+    p: &ColMajorProblem,
+    target: &GpuTarget,
+    loaders: &[bool],
+    before: &[GpuSchedule],
+) -> Vec<GpuSchedule> {
+    let pairs = p.m.div_ceil(32) as u32;
+    if p.m <= 16 || !loaders.contains(&true) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for warps in (1..=16 / pairs).map(|x| x * pairs) {
+        let s = GpuSchedule {
+            stage: Staging::FlatC,
+            async_copies: true,
+            row_pairs: true,
+            min_blocks: 1,
+            ..GpuSchedule::mma(warps, 1, true)
+        };
+        if s.validate(p, target).is_err() {
+            continue;
+        }
+        out.push(s);
+        out.extend(grouped(p, &s));
+    }
+    out.retain(|s| !before.contains(s));
     out
 }
 
@@ -1552,6 +1587,40 @@ mod tests {
                 })
             });
             assert_eq!(full > 0, offered, "n = {n}");
+        }
+    }
+
+    /// The default f16 tensor-core candidates offer two row tiles a warp (`row_pairs`) at
+    /// each multiple of the pairs, each a kernel of its own (the same schedule with one
+    /// row tile a warp, where the warps suit that, differs).
+    #[test]
+    fn default_candidates_offer_row_pairs() {
+        let target = GpuTarget::new(Sm::Sm90);
+        for (n, warps) in [
+            (122, vec![4, 8, 12, 16]),
+            (58, vec![2, 4, 6, 8]),
+            (16, vec![]),
+        ] {
+            let spec = square(n);
+            let c = mma_candidates(&spec, &target, &[true]);
+            let mut offered: Vec<u32> = c.iter().filter(|s| s.row_pairs).map(|s| s.warps).collect();
+            offered.dedup();
+            assert!(
+                warps.iter().all(|w| offered.contains(w)),
+                "n = {n}: {offered:?}"
+            );
+            assert_eq!(offered.is_empty(), warps.is_empty(), "n = {n}");
+            for s in c.iter().filter(|s| s.row_pairs) {
+                let one_row = GpuSchedule {
+                    row_pairs: false,
+                    ..*s
+                };
+                assert!(ptx_code(&spec, &target, s).is_some(), "n = {n}: {s:?}");
+                assert_ne!(
+                    ptx_code(&spec, &target, s),
+                    ptx_code(&spec, &target, &one_row)
+                );
+            }
         }
     }
 

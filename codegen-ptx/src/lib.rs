@@ -186,8 +186,9 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     } else {
         ""
     };
+    let rp = if s.row_pairs_apply() { "_rp" } else { "" };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}{lf}{fk}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}{lf}{fk}{rp}",
         spec.name(),
         kind.suffix(),
         s.tba
@@ -268,11 +269,16 @@ pub fn generate(
     schedule: Option<&GpuSchedule>,
     kind: BatchKind,
 ) -> Result<PtxKernel, PtxError> {
-    let schedule = match schedule {
+    let mut schedule = match schedule {
         Some(s) => *s,
         None => plan(spec, target, kind)?,
     };
     let p = spec.col_major();
+    // Row pairs where the warps do not suit them change nothing: off, so that the kernel's
+    // name and schedule say what it does.
+    if schedule.row_pairs && schedule.row_tiles_per_warp(&p) != Some(2) {
+        schedule.row_pairs = false;
+    }
     let res = schedule.validate(&p, target)?;
     if schedule.mma.is_some() {
         if schedule.accumulate != Accumulate::F32 {
@@ -301,7 +307,6 @@ pub fn generate(
     }
     let entry = entry_name(spec, kind, &schedule);
     let (mut ptx, mut shared_bytes) = emit::kernel(&p, target.sm, kind, &schedule, &entry, &extra);
-    let mut schedule = schedule;
     // Flat staging of C adds a region; fall back when the block would not fit.
     while shared_bytes > target.shared_bytes_per_block && schedule.stage != Staging::Padded {
         schedule.stage = match schedule.stage {
@@ -428,6 +433,64 @@ mod tests {
         assert_eq!(kernel(40, true), (0, 9, 0));
         assert_eq!(kernel(41, false), (0, 9, 0));
         assert_eq!(kernel(16, false), (0, 3, 0));
+    }
+
+    /// Row pairs (`GpuSchedule::row_pairs`): a warp's two row tiles share each B fragment,
+    /// loaded once for both (`ldmatrix .x2`), and hold both rows' A fragments (`.x4`) for
+    /// all k steps; with odd row tiles the last pair's second tile reads the last row
+    /// tile's A (`min.u32`). Where the warps are no multiple of the pairs the flag takes no
+    /// effect.
+    #[test]
+    fn row_pairs_load_each_b_fragment_once_for_two_row_tiles() {
+        let kernel = |m, warps, row_pairs| {
+            let spec = GemmSpec::builder(Dtype::F16, m, 24, 32)
+                .beta(Scalar::Zero)
+                .build()
+                .unwrap();
+            let s = GpuSchedule {
+                stage: Staging::FlatC,
+                row_pairs,
+                ..GpuSchedule::mma(warps, 1, true)
+            };
+            let ptx = generate(
+                &spec,
+                &GpuTarget::new(Sm::Sm90),
+                Some(&s),
+                BatchKind::Strided,
+            )
+            .unwrap()
+            .ptx;
+            let count = |what: &str| ptx.matches(what).count();
+            (
+                count("ldmatrix.sync.aligned.m8n8.x4."),
+                count("ldmatrix.sync.aligned.m8n8.x2."),
+                count("mma.sync.aligned.m16n8k16."),
+                count("min.u32"),
+            )
+        };
+        // 4 row tiles, 3 column tiles, 2 k steps. One row tile a warp: A 2 loads, B 6, 6 mma.
+        assert_eq!(kernel(64, 4, false), (2, 6, 6, 0));
+        // Two a warp, 2 warps: A 4 loads, B still 6 for 12 mma.
+        assert_eq!(kernel(64, 2, true), (4, 6, 12, 0));
+        // Two a warp, 4 warps (2 a pair): 2 column tiles each.
+        assert_eq!(kernel(64, 4, true), (4, 4, 8, 0));
+        // 3 row tiles: the second pair's second tile on the third's A.
+        assert_eq!(kernel(48, 2, true), (4, 6, 12, 1));
+        // 3 warps, 2 pairs: no effect, and the kernel's schedule says so.
+        assert_eq!(kernel(64, 3, true), kernel(64, 3, false));
+        let spec = GemmSpec::builder(Dtype::F16, 64, 24, 32).build().unwrap();
+        let s = GpuSchedule {
+            row_pairs: true,
+            ..GpuSchedule::mma(3, 1, true)
+        };
+        let k = generate(
+            &spec,
+            &GpuTarget::new(Sm::Sm90),
+            Some(&s),
+            BatchKind::Strided,
+        )
+        .unwrap();
+        assert!(!k.schedule.row_pairs && !k.entry.ends_with("_rp"));
     }
 
     /// Wherever `plan_gpu` finds a schedule for a problem, `plan` finds one for every batch

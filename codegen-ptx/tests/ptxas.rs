@@ -68,8 +68,8 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// C's padded copy element by element in the epilogue (`element_epilogue`), the epilogue's
 /// loads of C before its stores, in groups of tiles (`epilogue_loads_first`), the last k
 /// step as a full `m16n8k16` (`full_last_k_step`),
-/// column tiles in groups where each warp keeps a row of tiles (`row_group`), and whole
-/// columns of tiles a warp (`column_sweep`).
+/// column tiles in groups where each warp keeps a row of tiles (`row_group`) or two
+/// (`row_pairs`), and whole columns of tiles a warp (`column_sweep`).
 fn mma_variants() -> Vec<GpuSchedule> {
     let mut out = Vec::new();
     for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
@@ -144,13 +144,17 @@ fn mma_variants() -> Vec<GpuSchedule> {
                         }
                     }
                     if warps > 1 {
-                        // Column tiles in groups where the warps keep one row of tiles.
-                        out.push(GpuSchedule {
-                            stage,
-                            prefetch_c,
-                            row_group: 2 + prefetch_c as u32,
-                            ..GpuSchedule::mma(warps, tba, ldmatrix)
-                        });
+                        // Column tiles in groups where the warps keep one row of tiles,
+                        // and two (`row_pairs`).
+                        for row_pairs in [false, true] {
+                            out.push(GpuSchedule {
+                                stage,
+                                prefetch_c,
+                                row_group: 2 + prefetch_c as u32,
+                                row_pairs,
+                                ..GpuSchedule::mma(warps, tba, ldmatrix)
+                            });
+                        }
                     }
                     if warps < 8 && !prefetch_c {
                         // Column sweep: whole columns of tiles a warp, every row tile's A

@@ -322,6 +322,15 @@ pub struct GpuSchedule {
     /// schedule asks for it.
     #[serde(default)]
     pub full_last_k_step: bool,
+    /// Tensor-core kernels: each warp keeps two row tiles (where the warp count is a
+    /// multiple of the row tiles halved, rounded up; no column sweep), both rows' A
+    /// fragments in registers for all k steps, and loads each B fragment once for both
+    /// instead of once per row tile: half the B fragment traffic through shared memory,
+    /// about 25% of the wavefronts of f16 113 on an H200 (docs/gpu-notes.md, version 34),
+    /// for twice A's registers. Where the row tiles are odd the last pair's second tile lies
+    /// past m: computed on the last row tile's A, never stored. Ignored elsewhere.
+    #[serde(default)]
+    pub row_pairs: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -412,6 +421,7 @@ impl GpuSchedule {
             element_epilogue: false,
             epilogue_loads_first: false,
             full_last_k_step: false,
+            row_pairs: false,
         }
     }
 
@@ -443,6 +453,7 @@ impl GpuSchedule {
             element_epilogue: false,
             epilogue_loads_first: false,
             full_last_k_step: false,
+            row_pairs: false,
         }
     }
 
@@ -455,7 +466,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -510,7 +521,8 @@ impl GpuSchedule {
                     " fk"
                 } else {
                     ""
-                }
+                },
+                if self.row_pairs_apply() { " rp" } else { "" }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}{}",
@@ -562,6 +574,31 @@ impl GpuSchedule {
     /// kernels.
     pub fn full_last_k_step_apply(&self) -> bool {
         self.full_last_k_step && self.mma.is_some()
+    }
+
+    /// Whether `row_pairs` may take effect (where the warp count suits it, see
+    /// [`Self::row_tiles_per_warp`]): tensor-core kernels without column sweep.
+    pub fn row_pairs_apply(&self) -> bool {
+        self.row_pairs && self.mma.is_some() && !self.column_sweep_apply()
+    }
+
+    /// Tensor-core kernels whose warps each keep the same row tiles for all their tiles
+    /// (A's fragments in registers for all k steps): how many, 2 with `row_pairs` where the
+    /// warp count is a multiple of the row tiles halved (rounded up), 1 where it is a
+    /// multiple of the row tiles; None elsewhere (the warps take tiles in turn) and with
+    /// column sweep.
+    pub fn row_tiles_per_warp(&self, p: &ColMajorProblem) -> Option<usize> {
+        let shape = self.mma?;
+        if self.column_sweep_apply() {
+            return None;
+        }
+        let mt = p.m.div_ceil(shape.m as usize);
+        let w = self.warps as usize;
+        if self.row_pairs_apply() && mt >= 2 && w % mt.div_ceil(2) == 0 {
+            Some(2)
+        } else {
+            (w % mt == 0).then_some(1)
+        }
     }
 
     /// Whether `slot_copies` takes effect (the batch form and the column lengths aside):

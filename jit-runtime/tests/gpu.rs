@@ -1140,6 +1140,57 @@ fn f16_slot_copies_match() {
     );
 }
 
+/// Two row tiles a warp (`GpuSchedule::row_pairs`: both rows' A fragments held, each B
+/// fragment loaded once for both): m from 17 to 128 in steps of 3 (odd row tile counts,
+/// whose last pair's second tile lies past m), each multiple of the pairs up to 16 warps
+/// (groups of column tiles with 2 and 3 a warp, also 2 problems a block), C in shared
+/// memory (with the epilogue swaps where m is odd, with C over A and A and B realigned
+/// in shared memory) and in global memory with the C prefetch, both fragment loaders;
+/// n and k off the tile multiples, every transpose, alpha and beta of each kind, beta 0
+/// with NaN in C.
+#[test]
+fn f16_row_pairs_match() {
+    let Some(gpu) = gpu("f16_row_pairs") else {
+        return;
+    };
+    let cases = f16_flag_cases((17..=128usize).step_by(3).chain([113, 127, 128]));
+    check_flag_cases(
+        "f16_row_pairs_match",
+        &gpu,
+        "row_pairs",
+        cases,
+        (6700, 11),
+        |i, spec| {
+            let m = spec.m();
+            let pairs = m.div_ceil(32) as u32;
+            let mut variants = Vec::new();
+            for warps in (1..=16 / pairs).map(|x| x * pairs) {
+                let (stage, ldmatrix, prefetch_c, c_over_a, realign) = [
+                    (Staging::FlatC, true, false, false, false),
+                    (Staging::FlatC, true, false, true, true),
+                    (Staging::Flat, true, true, false, false),
+                    (Staging::Padded, false, false, false, false),
+                ][(i + warps as usize) % 4];
+                for (tba, row_group) in [(1, 2 + (i as u32 + warps) % 2), (2, 0)] {
+                    variants.push(GpuSchedule {
+                        stage,
+                        prefetch_c,
+                        c_over_a,
+                        realign_in_shared: realign,
+                        async_copies: realign,
+                        epilogue_swaps: m % 2 == 1,
+                        row_group,
+                        row_pairs: true,
+                        min_blocks: 1,
+                        ..GpuSchedule::mma(warps, tba, ldmatrix)
+                    });
+                }
+            }
+            variants
+        },
+    );
+}
+
 /// Runs on each case `(i, spec)` the schedules `variants(i, spec)` gives (those that fit),
 /// against the reference, with seeds `base + i * step + count`; panics with the failures,
 /// or where no schedule fits at all.

@@ -9,8 +9,13 @@ pub(super) struct MmaWarp {
     gid: String,
     tig: String,
     tiles: Vec<MmaTile>,
-    /// Tiles per group: consecutive tiles of one row tile that share A's fragments.
+    /// Column tiles per group: consecutive tiles of one row tile that share A's fragments.
     group: usize,
+    /// Row tiles each warp keeps for all its tiles (`GpuSchedule::row_tiles_per_warp`: A's
+    /// fragments loaded once); 0 where the warps take tiles in turn. A group's tiles then
+    /// come column by column, each column's `rows` row tiles together (sharing B's
+    /// fragments).
+    rows: usize,
     /// Where the slots' addresses point: "global", or "shared" with C staged flat.
     space: &'static str,
     /// Per lane, whether slot e of each tile holds accumulator e ^ 1 (first) and e ^ 2
@@ -74,10 +79,9 @@ pub(super) fn epilogue_degrees(ld: usize, table: [usize; 4]) -> impl Iterator<It
 /// warp's own column tiles, their accumulator chains interleaved.
 pub(super) fn mma_group(s: &GpuSchedule, p: &ColMajorProblem) -> usize {
     let shape = s.mma.unwrap_or(smallgemm_ir::MmaShape::M16N8K16);
-    let mt = p.m.div_ceil(shape.m as usize);
     let nt = p.n.div_ceil(shape.n as usize);
-    // Warps that keep one row of tiles each group their column tiles by `row_group`.
-    let group = if (s.warps as usize) % mt == 0 {
+    // Warps that keep their row tiles group their column tiles by `row_group`.
+    let group = if s.row_tiles_per_warp(p).is_some() {
         s.row_group
     } else {
         s.mma_group
@@ -168,8 +172,7 @@ pub(super) fn mma_warp(
     let w = s.warps as usize;
     let mt = p.m.div_ceil(shape.m as usize);
     let nt = p.n.div_ceil(shape.n as usize);
-    let tiles = mt * nt;
-    let reuse = w % mt == 0;
+    let rows = s.row_tiles_per_warp(p);
     let warp = asm.reg(Kind::B32);
     asm.op(format!("shr.u32 {warp}, {lt}, 5"));
     let lane = asm.reg(Kind::B32);
@@ -178,11 +181,33 @@ pub(super) fn mma_warp(
     asm.op(format!("shr.u32 {gid}, {lane}, 2"));
     let tig = asm.reg(Kind::B32);
     asm.op(format!("and.b32 {tig}, {lane}, 3"));
-    let fixed_row = (reuse && !s.column_sweep_apply()).then(|| {
+    // Warps that keep their row tiles: this warp's first row tile (of `rows`) and the
+    // warps a set of row tiles has (`mp` sets).
+    let fixed_row = rows.map(|rows| {
+        let mp = mt.div_ceil(rows);
         let tmr = asm.reg(Kind::B32);
-        asm.op(format!("rem.u32 {tmr}, {warp}, {mt}"));
-        tmr
+        asm.op(format!("rem.u32 {tmr}, {warp}, {mp}"));
+        if rows > 1 {
+            asm.op(format!("mul.lo.u32 {tmr}, {tmr}, {rows}"));
+        }
+        (tmr, rows, w / mp)
     });
+    // This warp's row tiles, and (row tiles odd) whether the second of its pair exists.
+    let warp_rows: Vec<String> = match &fixed_row {
+        Some((tmr, rows, _)) => (0..*rows)
+            .map(|r| {
+                if r == 0 {
+                    return tmr.clone();
+                }
+                let t = asm.reg(Kind::B32);
+                asm.op(format!("add.u32 {t}, {tmr}, {r}"));
+                t
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let second_inside = (warp_rows.len() > 1 && mt % warp_rows.len() != 0)
+        .then(|| asm.lt(&warp_rows[1], &mt.to_string()));
     let ldc = match sc {
         Some((_, ld)) => ld,
         None => problem.ldc.max,
@@ -237,7 +262,7 @@ pub(super) fn mma_warp(
     let groups = mt * nt.div_ceil(group);
     let rounds = match (&fixed_row, sweep) {
         (_, true) => nt.div_ceil(w),
-        (Some(_), false) => tiles.div_ceil(w),
+        (Some((_, _, step)), false) => nt.div_ceil(*step),
         (None, false) => groups.div_ceil(w),
     };
     let row_tiles: Vec<String> = if sweep {
@@ -282,11 +307,11 @@ pub(super) fn mma_warp(
                     ));
                 }
             }
-            Some(tmr) => {
-                // Row tile w % mt, column tiles w / mt + q * (w / mt).
-                let step = w / mt;
+            Some((_, rows, step)) => {
+                // Row tiles rows * (w % mp) on, column tiles w / mp + q * step (step = w / mp).
+                let step = *step;
                 let tnr = asm.reg(Kind::B32);
-                asm.op(format!("div.u32 {tnr}, {warp}, {mt}"));
+                asm.op(format!("div.u32 {tnr}, {warp}, {}", mt.div_ceil(*rows)));
                 if q > 0 {
                     asm.op(format!("add.u32 {tnr}, {tnr}, {}", q * step));
                 }
@@ -294,7 +319,16 @@ pub(super) fn mma_warp(
                 // In groups (`row_group`), a tile past the last column tile after the
                 // group's first is computed (on clamped B) and never stored.
                 let hangs = if group > 1 { valid.clone() } else { None };
-                coords.push((tmr.clone(), tnr, (q + 1) * step - 1, valid, hangs));
+                for (r, tm) in warp_rows.iter().enumerate() {
+                    // The last pair's second row tile where the row tiles are odd lies past
+                    // m (past C's padded copy too): computed, never stored.
+                    let hangs = match &second_inside {
+                        Some(inside) if r > 0 => asm.and(hangs.clone(), Some(inside.clone())),
+                        _ => hangs.clone(),
+                    };
+                    let at = (q + 1) * step - 1;
+                    coords.push((tm.clone(), tnr.clone(), at, valid.clone(), hangs));
+                }
             }
             None => {
                 let t = asm.reg(Kind::B32);
@@ -346,6 +380,7 @@ pub(super) fn mma_warp(
         tig,
         tiles: out,
         group,
+        rows: rows.unwrap_or(0),
         space: if sc.is_some() { "shared" } else { "global" },
         swaps,
         sweep,
@@ -515,7 +550,9 @@ pub(super) fn mma_body(
     let w = s.warps as usize;
     let mt = p.m.div_ceil(shape.m as usize);
     let ks = p.k.div_ceil(shape.k as usize);
-    let reuse = w % mt == 0 && !mw.sweep;
+    let reuse = mw.rows > 0;
+    // Row tiles per group (the tiles of a column that share its B fragments).
+    let rows = mw.rows.max(1);
     let (lane, gid, tig) = (&mw.lane, &mw.gid, &mw.tig);
     // Verbatim copies (`flat`): per operand, the order in which each lane loads the two
     // halves of a fragment word (`fragment_swap_table`: against bank conflicts where k
@@ -804,12 +841,25 @@ pub(super) fn mma_body(
             asm.op(format!("add.u32 {r}, {r}, {}", lanes[0]));
             [r, second]
         };
-    let mut fixed_a: Option<Vec<Vec<String>>> = None;
+    // Warps that keep their row tiles: each one's fragments for every k step, by row.
+    let mut fixed_a: Option<Vec<Vec<Vec<String>>>> = None;
     if reuse {
-        let tmr = &mw.tiles[0].tmr;
-        let abase = tile_base(asm, sa, tmr, 16 * a_row * 2, &a_lanes);
-        let edge = a_edge(0);
-        fixed_a = Some((0..ks).map(|k| load_a(asm, &abase, &edge, k)).collect());
+        let frags = (0..rows)
+            .map(|r| {
+                let tmr = &mw.tiles[r].tmr;
+                let base = if r > 0 && mt % rows != 0 {
+                    // The last pair's second row tile lies past m: the last one's A.
+                    let t = asm.reg(Kind::B32);
+                    asm.op(format!("min.u32 {t}, {tmr}, {}", mt - 1));
+                    tile_base(asm, sa, &t, 16 * a_row * 2, &a_lanes)
+                } else {
+                    tile_base(asm, sa, tmr, 16 * a_row * 2, &a_lanes)
+                };
+                let edge = a_edge(r);
+                (0..ks).map(|k| load_a(asm, &base, &edge, k)).collect()
+            })
+            .collect();
+        fixed_a = Some(frags);
     }
     // Column sweep: the A fragments of every row tile (tile i of the first group is row
     // tile i), all loaded before any tile.
@@ -832,17 +882,19 @@ pub(super) fn mma_body(
         f(asm);
     }
     let nt = p.n.div_ceil(shape.n as usize);
-    for (q, tiles) in mw.tiles.chunks(mw.group).enumerate() {
+    for (q, tiles) in mw.tiles.chunks(mw.group * rows).enumerate() {
         asm.comment(&format!("tile {q} of this warp"));
         let skip = asm.label();
         if let Some(v) = &tiles[0].valid {
             // Warp-uniform: every lane of the warp has the same tiles.
             asm.op(format!("@!{v} bra.uni {skip}"));
         }
-        // B's bases: one per tile, or one for the whole group (column sweep).
+        // B's bases: one per column tile (the first of its `rows` tiles), or one for the
+        // whole group (column sweep).
         let b_tiles = if mw.sweep { &tiles[..1] } else { tiles };
         let bbases: Vec<([String; 2], Lanes)> = b_tiles
             .iter()
+            .step_by(rows)
             .enumerate()
             .map(|(j, tile)| {
                 // A tile after the group's first may lie past the last column tile: in
@@ -894,14 +946,17 @@ pub(super) fn mma_body(
                 }
                 continue;
             }
-            let a = match (&abase, &fixed_a) {
-                (Some((base, edge)), _) => load_a(asm, base, edge, k),
-                (None, Some(frags)) => frags[k].clone(),
+            let a: Vec<Vec<String>> = match (&abase, &fixed_a) {
+                (Some((base, edge)), _) => vec![load_a(asm, base, edge, k)],
+                (None, Some(frags)) => frags.iter().map(|row| row[k].clone()).collect(),
                 (None, None) => unreachable!("A's fragments: loaded per tile or per warp"),
             };
-            for (acc, (bbase, edge)) in accs.iter().zip(&bbases) {
+            // Tiles column by column, each column's row tiles on one B fragment.
+            for (column, (bbase, edge)) in accs.chunks(rows).zip(&bbases) {
                 let b = load_b(asm, bbase, edge, k);
-                mma(asm, acc, &a, &b);
+                for (acc, a) in column.iter().zip(&a) {
+                    mma(asm, acc, a, &b);
+                }
             }
         }
         // `epilogue_loads_first`: C's old values loaded before the results are stored
