@@ -181,8 +181,8 @@ pub(super) fn mma_warp(
     asm.op(format!("shr.u32 {gid}, {lane}, 2"));
     let tig = asm.reg(Kind::B32);
     asm.op(format!("and.b32 {tig}, {lane}, 3"));
-    // Warps that keep their row tiles: this warp's first row tile (of `rows`) and the
-    // warps a set of row tiles has (`mp` sets).
+    // Warps that keep their row tiles: this warp's first row tile, how many it keeps, and
+    // how many warps share them (the stride of its column tiles; `mp` sets of row tiles).
     let fixed_row = rows.map(|rows| {
         let mp = mt.div_ceil(rows);
         let tmr = asm.reg(Kind::B32);
@@ -308,7 +308,7 @@ pub(super) fn mma_warp(
                 }
             }
             Some((_, rows, step)) => {
-                // Row tiles rows * (w % mp) on, column tiles w / mp + q * step (step = w / mp).
+                // Row tiles from rows * (warp % mp), column tiles warp / mp + q * step.
                 let step = *step;
                 let tnr = asm.reg(Kind::B32);
                 asm.op(format!("div.u32 {tnr}, {warp}, {}", mt.div_ceil(*rows)));
