@@ -766,10 +766,12 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
 }
 
 /// Two row tiles a warp (`row_pairs`), one problem a block, C through shared memory and
-/// its copy through `cp.async`, at each multiple of the pairs up to 16 warps, with at most
-/// one block per SM asked of ptxas (twice A's fragments in registers), alone and with
-/// the column tiles in groups: the H200's winners at 52..128 (docs/gpu-notes.md, version
-/// 34). Only those whose code differs from every candidate in `before`.
+/// its copy through `cp.async`, at each multiple of the pairs up to 16 warps: with at most
+/// one block per SM asked of ptxas (twice A's fragments in registers), alone and with the
+/// column tiles in groups (the H200's winners at 52..128), and with A's fragments loaded
+/// at each k step for one group of all a warp's column tiles (`stream_a`, the code
+/// generator's blocks per SM: the winners at 113..127 odd; docs/gpu-notes.md, version 34).
+/// Only those whose code differs from every candidate in `before`.
 fn row_pair_candidates(
     p: &ColMajorProblem,
     target: &GpuTarget,
@@ -794,6 +796,12 @@ fn row_pair_candidates(
         }
         out.push(s);
         out.extend(grouped(p, &s));
+        out.push(GpuSchedule {
+            stream_a: true,
+            row_group: 16,
+            min_blocks: 0,
+            ..s
+        });
     }
     out.retain(|s| !before.contains(s));
     out
@@ -1231,7 +1239,14 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
                 }
                 _ => candidates(&spec, gpu.target()),
             };
-            let mut list: Vec<GpuSchedule> = all
+            // As they take effect (`row_pairs` where the warps suit it), each once.
+            let mut distinct: Vec<GpuSchedule> = Vec::new();
+            for s in all.into_iter().map(|s| s.effective(&spec.col_major())) {
+                if !distinct.contains(&s) {
+                    distinct.push(s);
+                }
+            }
+            let mut list: Vec<GpuSchedule> = distinct
                 .into_iter()
                 .filter(|s| !args.mma_only || s.mma.is_some())
                 .filter(|s| !args.ldmatrix_only || s.mma.is_none() || s.ldmatrix)
@@ -1465,10 +1480,11 @@ mod tests {
             let spec = square(n);
             let mt = n.div_ceil(16) as u32;
             let c = mma_candidates(&spec, &target, &[true]);
-            // (With `epilogue_loads_first` too, whose own test pairs them.)
+            // (With `epilogue_loads_first` too, and with two row tiles a warp, whose own
+            // tests pair them.)
             let grouped: Vec<_> = c
                 .iter()
-                .filter(|s| s.row_group > 1 && !s.epilogue_loads_first)
+                .filter(|s| s.row_group > 1 && !s.epilogue_loads_first && !s.row_pairs)
                 .collect();
             assert!(grouped.iter().any(|s| s.warps == mt), "n = {n}");
             for s in grouped {
@@ -1605,6 +1621,8 @@ mod tests {
             let c = mma_candidates(&spec, &target, &[true]);
             let mut offered: Vec<u32> = c.iter().filter(|s| s.row_pairs).map(|s| s.warps).collect();
             offered.dedup();
+            let streamed = c.iter().filter(|s| s.row_pairs && s.stream_a).count();
+            assert_eq!(streamed, offered.len(), "n = {n}");
             assert!(
                 warps.iter().all(|w| offered.contains(w)),
                 "n = {n}: {offered:?}"

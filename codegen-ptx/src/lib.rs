@@ -187,8 +187,13 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
         ""
     };
     let rp = if s.row_pairs_apply() { "_rp" } else { "" };
+    let sa = if s.stream_a && s.mma.is_some() {
+        "_sa"
+    } else {
+        ""
+    };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}{lf}{fk}{rp}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}{lf}{fk}{rp}{sa}",
         spec.name(),
         kind.suffix(),
         s.tba
@@ -269,16 +274,11 @@ pub fn generate(
     schedule: Option<&GpuSchedule>,
     kind: BatchKind,
 ) -> Result<PtxKernel, PtxError> {
+    let p = spec.col_major();
     let mut schedule = match schedule {
-        Some(s) => *s,
+        Some(s) => s.effective(&p),
         None => plan(spec, target, kind)?,
     };
-    let p = spec.col_major();
-    // Row pairs where the warps do not suit them change nothing: off, so that the kernel's
-    // name and schedule say what it does.
-    if schedule.row_pairs && schedule.row_tiles_per_warp(&p) != Some(2) {
-        schedule.row_pairs = false;
-    }
     let res = schedule.validate(&p, target)?;
     if schedule.mma.is_some() {
         if schedule.accumulate != Accumulate::F32 {
@@ -491,6 +491,56 @@ mod tests {
         )
         .unwrap();
         assert!(!k.schedule.row_pairs && !k.entry.ends_with("_rp"));
+    }
+
+    /// A loaded at each k step (`GpuSchedule::stream_a`): the same loads as held
+    /// fragments where one group takes all of a warp's column tiles, once per group with
+    /// smaller groups; nothing held before the first tile. Off with C over A and where the
+    /// warps take tiles in turn.
+    #[test]
+    fn stream_a_loads_a_in_each_group() {
+        let kernel = |warps, row_group, row_pairs, stream_a| {
+            let spec = GemmSpec::builder(Dtype::F16, 64, 48, 32)
+                .beta(Scalar::Zero)
+                .build()
+                .unwrap();
+            let s = GpuSchedule {
+                stage: Staging::FlatC,
+                row_group,
+                row_pairs,
+                stream_a,
+                ..GpuSchedule::mma(warps, 1, true)
+            };
+            let k = generate(
+                &spec,
+                &GpuTarget::new(Sm::Sm90),
+                Some(&s),
+                BatchKind::Strided,
+            )
+            .unwrap();
+            let before_tiles = k
+                .ptx
+                .split("tile 0 of this warp")
+                .next()
+                .unwrap()
+                .to_string();
+            (
+                k.ptx.matches("ldmatrix.sync.aligned.m8n8.x4.").count(),
+                before_tiles
+                    .matches("ldmatrix.sync.aligned.m8n8.x4.")
+                    .count(),
+                k.schedule.stream_a,
+            )
+        };
+        // 4 row tiles, 6 column tiles, 2 k steps; 2 warps of pairs: 6 column tiles each.
+        assert_eq!(kernel(2, 6, true, false), (4, 4, false));
+        assert_eq!(kernel(2, 6, true, true), (4, 0, true));
+        // Groups of 2: A once per group (3 groups).
+        assert_eq!(kernel(2, 2, true, true), (12, 0, true));
+        // One row tile a warp (4 warps), one group of 6.
+        assert_eq!(kernel(4, 6, false, true), (2, 0, true));
+        // 3 warps: the tiles in turn, nothing to stream.
+        assert!(!kernel(3, 0, false, true).2);
     }
 
     /// Wherever `plan_gpu` finds a schedule for a problem, `plan` finds one for every batch

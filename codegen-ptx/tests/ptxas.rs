@@ -69,7 +69,8 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// loads of C before its stores, in groups of tiles (`epilogue_loads_first`), the last k
 /// step as a full `m16n8k16` (`full_last_k_step`),
 /// column tiles in groups where each warp keeps a row of tiles (`row_group`) or two
-/// (`row_pairs`), and whole columns of tiles a warp (`column_sweep`).
+/// (`row_pairs`), their A fragments loaded at each step (`stream_a`), and whole columns of
+/// tiles a warp (`column_sweep`).
 fn mma_variants() -> Vec<GpuSchedule> {
     let mut out = Vec::new();
     for (warps, tba) in [(1, 1), (2, 3), (8, 1)] {
@@ -152,6 +153,15 @@ fn mma_variants() -> Vec<GpuSchedule> {
                                 prefetch_c,
                                 row_group: 2 + prefetch_c as u32,
                                 row_pairs,
+                                ..GpuSchedule::mma(warps, tba, ldmatrix)
+                            });
+                            // A loaded at each k step of each group (`stream_a`).
+                            out.push(GpuSchedule {
+                                stage,
+                                prefetch_c,
+                                row_group: 8,
+                                row_pairs,
+                                stream_a: true,
                                 ..GpuSchedule::mma(warps, tba, ldmatrix)
                             });
                         }

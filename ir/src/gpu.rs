@@ -331,6 +331,15 @@ pub struct GpuSchedule {
     /// past m: computed on the last row tile's A, never stored. Ignored elsewhere.
     #[serde(default)]
     pub row_pairs: bool,
+    /// Tensor-core kernels whose warps keep their row tiles (one or two,
+    /// [`Self::row_tiles_per_warp`]): A's fragments loaded at each k step of each group of
+    /// column tiles instead of held in registers for all k steps. Two row tiles' held
+    /// fragments take 64 registers at k = 128, which cost f16 113 its second block per SM
+    /// with 16 warps; loaded per step they take 8, and where one group holds all of a
+    /// warp's column tiles (`row_group`) A is still read once. Not with C over A (which
+    /// needs A's fragments in registers before C takes A's place). Ignored elsewhere.
+    #[serde(default)]
+    pub stream_a: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -422,6 +431,7 @@ impl GpuSchedule {
             epilogue_loads_first: false,
             full_last_k_step: false,
             row_pairs: false,
+            stream_a: false,
         }
     }
 
@@ -454,6 +464,7 @@ impl GpuSchedule {
             epilogue_loads_first: false,
             full_last_k_step: false,
             row_pairs: false,
+            stream_a: false,
         }
     }
 
@@ -466,7 +477,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -522,7 +533,12 @@ impl GpuSchedule {
                 } else {
                     ""
                 },
-                if self.row_pairs_apply() { " rp" } else { "" }
+                if self.row_pairs_apply() { " rp" } else { "" },
+                if self.stream_a && self.mma.is_some() {
+                    " sa"
+                } else {
+                    ""
+                }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}{}",
@@ -580,6 +596,20 @@ impl GpuSchedule {
     /// [`Self::row_tiles_per_warp`]): tensor-core kernels without column sweep.
     pub fn row_pairs_apply(&self) -> bool {
         self.row_pairs && self.mma.is_some() && !self.column_sweep_apply()
+    }
+
+    /// This schedule as it takes effect on `p`: `row_pairs` off where the warps do not suit
+    /// it, `stream_a` off where the warps do not keep their row tiles or C goes over A (the
+    /// code is the same either way), so that names, labels and stored entries say what the
+    /// kernel does.
+    pub fn effective(mut self, p: &ColMajorProblem) -> GpuSchedule {
+        if self.row_pairs && self.row_tiles_per_warp(p) != Some(2) {
+            self.row_pairs = false;
+        }
+        if self.stream_a && (self.row_tiles_per_warp(p).is_none() || self.c_over_a) {
+            self.stream_a = false;
+        }
+        self
     }
 
     /// Tensor-core kernels whose warps each keep the same row tiles for all their tiles

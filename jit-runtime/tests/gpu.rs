@@ -1191,6 +1191,62 @@ fn f16_row_pairs_match() {
     );
 }
 
+/// A's fragments loaded at each k step of each group (`GpuSchedule::stream_a`) by warps that
+/// keep one row tile or two (`row_pairs`): m from 17 to 128 in steps of 5 (odd row tile
+/// counts among them), the warps a multiple of the row tiles or of the pairs, one group of
+/// all a warp's column tiles and groups of 2, C in shared memory (with the epilogue swaps
+/// where m is odd: the slots made just before each tile's epilogue) and in global memory
+/// with the C prefetch (the slots made first), both fragment loaders; n and k off the tile
+/// multiples, every transpose, alpha and beta of each kind, beta 0 with NaN in C.
+#[test]
+fn f16_stream_a_matches() {
+    let Some(gpu) = gpu("f16_stream_a") else {
+        return;
+    };
+    let cases = f16_flag_cases((17..=128usize).step_by(5).chain([113, 127]));
+    check_flag_cases(
+        "f16_stream_a_matches",
+        &gpu,
+        "stream_a",
+        cases,
+        (7700, 13),
+        |i, spec| {
+            let m = spec.m();
+            let mt = m.div_ceil(16) as u32;
+            let mut variants = Vec::new();
+            for (row_pairs, warps) in [
+                (false, mt),
+                (true, mt.div_ceil(2)),
+                (true, 2 * mt.div_ceil(2)),
+            ] {
+                for (stage, ldmatrix, prefetch_c, row_group) in [
+                    (Staging::FlatC, true, false, 8),
+                    (Staging::FlatC, true, false, 2),
+                    (Staging::Flat, true, true, 8),
+                    (Staging::Padded, false, false, 3),
+                ] {
+                    variants.push(GpuSchedule {
+                        stage,
+                        prefetch_c,
+                        realign_in_shared: stage == Staging::FlatC && i % 2 == 0,
+                        async_copies: stage == Staging::FlatC,
+                        epilogue_swaps: m % 2 == 1,
+                        row_group,
+                        row_pairs,
+                        stream_a: true,
+                        min_blocks: 1,
+                        ..GpuSchedule::mma(warps, 1, ldmatrix)
+                    });
+                }
+            }
+            variants
+                .into_iter()
+                .filter(|s| s.effective(&spec.col_major()).stream_a)
+                .collect()
+        },
+    );
+}
+
 /// Runs on each case `(i, spec)` the schedules `variants(i, spec)` gives (those that fit),
 /// against the reference, with seeds `base + i * step + count`; panics with the failures,
 /// or where no schedule fits at all.

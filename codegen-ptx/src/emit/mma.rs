@@ -24,8 +24,8 @@ pub(super) struct MmaWarp {
     /// `GpuSchedule::column_sweep`: each group is every row tile of one column tile, row
     /// tile i its i-th tile; A's fragments of every row tile are loaded once.
     sweep: bool,
-    /// Where the tiles' slots come in `mma_body`, before each epilogue (column sweep
-    /// without the C prefetch): what they need.
+    /// Where the tiles' slots come in `mma_body`, before each epilogue (column sweep and
+    /// `stream_a`, without the C prefetch): what they need.
     gen: Option<SlotGen>,
     /// C's padded copy in shared memory moved a tile at a time by `ldmatrix` and
     /// `stmatrix` (`CPad::matrix`; the tiles then have no slots): the copy's address and
@@ -280,7 +280,10 @@ pub(super) fn mma_warp(
         sc: sc.map(|(r, _)| r.to_string()),
         c: problem.c.clone(),
     };
-    let deferred = sweep && !prefetch;
+    // Slots made just before each tile's epilogue, not held through the mma: column
+    // sweep, and A's fragments loaded at each step (`stream_a`, for fewer registers); the
+    // C prefetch needs them first.
+    let deferred = (sweep || (s.stream_a && fixed_row.is_some())) && !prefetch;
     let matrix = sc.filter(|_| matrix).map(|(base, ldc)| {
         let (l7, l8, off) = (asm.reg(Kind::B32), asm.reg(Kind::B32), asm.reg(Kind::B32));
         asm.op(format!("and.b32 {l7}, {lane}, 7"));
@@ -551,8 +554,11 @@ pub(super) fn mma_body(
     let mt = p.m.div_ceil(shape.m as usize);
     let ks = p.k.div_ceil(shape.k as usize);
     let reuse = mw.rows > 0;
-    // Row tiles per group (the tiles of a column that share its B fragments).
+    // Row tiles per group (the tiles of a column that share its B fragments), and whether
+    // the warp holds their A fragments for all k steps (else each group loads them at each
+    // step, `GpuSchedule::stream_a`).
     let rows = mw.rows.max(1);
+    let hold_a = reuse && !s.stream_a;
     let (lane, gid, tig) = (&mw.lane, &mw.gid, &mw.tig);
     // Verbatim copies (`flat`): per operand, the order in which each lane loads the two
     // halves of a fragment word (`fragment_swap_table`: against bank conflicts where k
@@ -842,20 +848,24 @@ pub(super) fn mma_body(
             [r, second]
         };
     // Warps that keep their row tiles: each one's fragments for every k step, by row.
+    // The A base of row tile r of a warp's (or a group's) tiles, from its first tile.
+    let a_base = |asm: &mut Asm, tiles: &[MmaTile], r: usize| -> ([String; 2], [Lanes; 2]) {
+        let tmr = &tiles[r].tmr;
+        let base = if r > 0 && mt % rows != 0 {
+            // The last pair's second row tile lies past m: the last one's A.
+            let t = asm.reg(Kind::B32);
+            asm.op(format!("min.u32 {t}, {tmr}, {}", mt - 1));
+            tile_base(asm, sa, &t, 16 * a_row * 2, &a_lanes)
+        } else {
+            tile_base(asm, sa, tmr, 16 * a_row * 2, &a_lanes)
+        };
+        (base, a_edge(r))
+    };
     let mut fixed_a: Option<Vec<Vec<Vec<String>>>> = None;
-    if reuse {
+    if hold_a {
         let frags = (0..rows)
             .map(|r| {
-                let tmr = &mw.tiles[r].tmr;
-                let base = if r > 0 && mt % rows != 0 {
-                    // The last pair's second row tile lies past m: the last one's A.
-                    let t = asm.reg(Kind::B32);
-                    asm.op(format!("min.u32 {t}, {tmr}, {}", mt - 1));
-                    tile_base(asm, sa, &t, 16 * a_row * 2, &a_lanes)
-                } else {
-                    tile_base(asm, sa, tmr, 16 * a_row * 2, &a_lanes)
-                };
-                let edge = a_edge(r);
+                let (base, edge) = a_base(asm, &mw.tiles, r);
                 (0..ks).map(|k| load_a(asm, &base, &edge, k)).collect()
             })
             .collect();
@@ -877,7 +887,7 @@ pub(super) fn mma_body(
         Vec::new()
     };
     // (`c_over_a`: only with every warp's A fragments in registers.)
-    assert!(after_a.is_none() || reuse || mw.sweep);
+    assert!(after_a.is_none() || hold_a || mw.sweep);
     if let Some(f) = after_a {
         f(asm);
     }
@@ -917,10 +927,10 @@ pub(super) fn mma_body(
                 (base, b_edge(asm, tile))
             })
             .collect();
-        let abase = (!reuse && !mw.sweep).then(|| {
-            let base = tile_base(asm, sa, &tiles[0].tmr, 16 * a_row * 2, &a_lanes);
-            (base, a_edge(0))
-        });
+        // A loaded at each k step: the group's row tiles (`stream_a`), or its one row tile
+        // where the warps take tiles in turn.
+        let abases: Option<Vec<_>> =
+            (!hold_a && !mw.sweep).then(|| (0..rows).map(|r| a_base(asm, tiles, r)).collect());
         let accs: Vec<[String; 4]> = tiles
             .iter()
             .map(|_| std::array::from_fn(|_| asm.reg(Kind::F32)))
@@ -946,8 +956,11 @@ pub(super) fn mma_body(
                 }
                 continue;
             }
-            let a: Vec<Vec<String>> = match (&abase, &fixed_a) {
-                (Some((base, edge)), _) => vec![load_a(asm, base, edge, k)],
+            let a: Vec<Vec<String>> = match (&abases, &fixed_a) {
+                (Some(bases), _) => bases
+                    .iter()
+                    .map(|(base, edge)| load_a(asm, base, edge, k))
+                    .collect(),
                 (None, Some(frags)) => frags.iter().map(|row| row[k].clone()).collect(),
                 (None, None) => unreachable!("A's fragments: loaded per tile or per warp"),
             };
@@ -985,7 +998,7 @@ pub(super) fn mma_body(
                     // Column sweep: row tile i, column tile q where one warp takes them all.
                     Some(gen) => {
                         let tn = (w == 1).then_some(q);
-                        let fixed = Some((i, tn));
+                        let fixed = mw.sweep.then_some((i, tn));
                         let (tmr, tnr) = (&tile.tmr, &tile.tnr);
                         late = gen.slots(
                             asm,
