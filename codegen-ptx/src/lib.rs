@@ -399,6 +399,11 @@ mod tests {
         assert_eq!(grown, 120 * 6 * 2);
     }
 
+    /// The strided kernel of `spec` under `s` for sm_90.
+    fn sm90_strided(spec: &GemmSpec, s: &GpuSchedule) -> PtxKernel {
+        generate(spec, &GpuTarget::new(Sm::Sm90), Some(s), BatchKind::Strided).unwrap()
+    }
+
     /// Where the last k step holds at most 8 of k, tensor-core kernels run it as
     /// `m16n8k8` with half the fragments (`ldmatrix` .x2 for A, .x1 for B), one such step
     /// a tile; `full_last_k_step` keeps `m16n8k16` there, and k = 16 (a multiple) or 41 (9
@@ -412,14 +417,7 @@ mod tests {
                 full_last_k_step,
                 ..GpuSchedule::mma(2, 1, true)
             };
-            let ptx = generate(
-                &spec,
-                &GpuTarget::new(Sm::Sm90),
-                Some(&s),
-                BatchKind::Strided,
-            )
-            .unwrap()
-            .ptx;
+            let ptx = sm90_strided(&spec, &s).ptx;
             let count = |what: &str| ptx.matches(what).count();
             (
                 count("mma.sync.aligned.m16n8k8."),
@@ -452,14 +450,7 @@ mod tests {
                 row_pairs,
                 ..GpuSchedule::mma(warps, 1, true)
             };
-            let ptx = generate(
-                &spec,
-                &GpuTarget::new(Sm::Sm90),
-                Some(&s),
-                BatchKind::Strided,
-            )
-            .unwrap()
-            .ptx;
+            let ptx = sm90_strided(&spec, &s).ptx;
             let count = |what: &str| ptx.matches(what).count();
             (
                 count("ldmatrix.sync.aligned.m8n8.x4."),
@@ -483,13 +474,7 @@ mod tests {
             row_pairs: true,
             ..GpuSchedule::mma(3, 1, true)
         };
-        let k = generate(
-            &spec,
-            &GpuTarget::new(Sm::Sm90),
-            Some(&s),
-            BatchKind::Strided,
-        )
-        .unwrap();
+        let k = sm90_strided(&spec, &s);
         assert!(!k.schedule.row_pairs && !k.entry.ends_with("_rp"));
     }
 
@@ -511,13 +496,7 @@ mod tests {
                 stream_a,
                 ..GpuSchedule::mma(warps, 1, true)
             };
-            let k = generate(
-                &spec,
-                &GpuTarget::new(Sm::Sm90),
-                Some(&s),
-                BatchKind::Strided,
-            )
-            .unwrap();
+            let k = sm90_strided(&spec, &s);
             let before_tiles = k
                 .ptx
                 .split("tile 0 of this warp")
