@@ -771,7 +771,7 @@ pub fn mma_candidates(spec: &GemmSpec, target: &GpuTarget, loaders: &[bool]) -> 
 /// column tiles in groups (the H200's winners at 52..128), and with A's fragments loaded
 /// at each k step for one group of all a warp's column tiles (`stream_a`, the code
 /// generator's blocks per SM: the winners at 113..127 odd; docs/gpu-notes.md, version 34).
-/// Only those whose code differs from every candidate in `before`.
+/// Only those not already in `before`.
 fn row_pair_candidates(
     p: &ColMajorProblem,
     target: &GpuTarget,
@@ -1447,6 +1447,21 @@ mod tests {
             .count()
     }
 
+    /// How many of the default tensor-core candidates of the square `n` on `target` have the
+    /// flag `flag` gives, each checked by `assert_flag_kernels` against itself without it.
+    fn flag_kernels(
+        target: &GpuTarget,
+        n: usize,
+        flag: impl Fn(&mut GpuSchedule) -> &mut bool,
+    ) -> usize {
+        let spec = square(n);
+        let c = mma_candidates(&spec, target, &[true]);
+        assert_flag_kernels(&spec, target, &c, |s| {
+            let mut twin = *s;
+            std::mem::replace(flag(&mut twin), false).then_some(twin)
+        })
+    }
+
     /// The default FMA candidates (`tune --gpu` without filters) offer each flat-staged
     /// schedule also through `cp.async`, as a kernel of its own: the H200's winners.
     #[test]
@@ -1524,14 +1539,7 @@ mod tests {
     fn default_candidates_offer_the_element_epilogue() {
         let target = GpuTarget::new(Sm::Sm90);
         for n in [66, 113, 120] {
-            let spec = square(n);
-            let c = mma_candidates(&spec, &target, &[true]);
-            let element = assert_flag_kernels(&spec, &target, &c, |s| {
-                s.element_epilogue.then_some(GpuSchedule {
-                    element_epilogue: false,
-                    ..*s
-                })
-            });
+            let element = flag_kernels(&target, n, |s| &mut s.element_epilogue);
             assert_eq!(element == 0, n % 2 == 1, "n = {n}");
         }
     }
@@ -1549,15 +1557,7 @@ mod tests {
             (Sm::Sm80, 113),
             (Sm::Sm80, 66),
         ] {
-            let target = GpuTarget::new(sm);
-            let spec = square(n);
-            let c = mma_candidates(&spec, &target, &[true]);
-            let first = assert_flag_kernels(&spec, &target, &c, |s| {
-                s.epilogue_loads_first.then_some(GpuSchedule {
-                    epilogue_loads_first: false,
-                    ..*s
-                })
-            });
+            let first = flag_kernels(&GpuTarget::new(sm), n, |s| &mut s.epilogue_loads_first);
             assert!(first > 0, "{sm:?} n = {n}");
         }
     }
@@ -1569,14 +1569,7 @@ mod tests {
     fn default_candidates_offer_the_epilogue_swaps() {
         let target = GpuTarget::new(Sm::Sm90);
         for (n, offered) in [(97, true), (113, true), (98, false)] {
-            let spec = square(n);
-            let c = mma_candidates(&spec, &target, &[true]);
-            let swapped = assert_flag_kernels(&spec, &target, &c, |s| {
-                s.epilogue_swaps.then_some(GpuSchedule {
-                    epilogue_swaps: false,
-                    ..*s
-                })
-            });
+            let swapped = flag_kernels(&target, n, |s| &mut s.epilogue_swaps);
             assert_eq!(swapped > 0, offered, "n = {n}");
         }
     }
@@ -1594,14 +1587,7 @@ mod tests {
             (96, false),
             (45, false),
         ] {
-            let spec = square(n);
-            let c = mma_candidates(&spec, &target, &[true]);
-            let full = assert_flag_kernels(&spec, &target, &c, |s| {
-                s.full_last_k_step.then_some(GpuSchedule {
-                    full_last_k_step: false,
-                    ..*s
-                })
-            });
+            let full = flag_kernels(&target, n, |s| &mut s.full_last_k_step);
             assert_eq!(full > 0, offered, "n = {n}");
         }
     }

@@ -187,11 +187,7 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
         ""
     };
     let rp = if s.row_pairs_apply() { "_rp" } else { "" };
-    let sa = if s.stream_a && s.mma.is_some() {
-        "_sa"
-    } else {
-        ""
-    };
+    let sa = if s.stream_a_apply() { "_sa" } else { "" };
     format!(
         "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}{lf}{fk}{rp}{sa}",
         spec.name(),

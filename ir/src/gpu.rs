@@ -534,11 +534,7 @@ impl GpuSchedule {
                     ""
                 },
                 if self.row_pairs_apply() { " rp" } else { "" },
-                if self.stream_a && self.mma.is_some() {
-                    " sa"
-                } else {
-                    ""
-                }
+                if self.stream_a_apply() { " sa" } else { "" }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}{}",
@@ -598,10 +594,17 @@ impl GpuSchedule {
         self.row_pairs && self.mma.is_some() && !self.column_sweep_apply()
     }
 
-    /// This schedule as it takes effect on `p`: `row_pairs` off where the warps do not suit
-    /// it, `stream_a` off where the warps do not keep their row tiles or C goes over A (the
-    /// code is the same either way), so that names, labels and stored entries say what the
-    /// kernel does.
+    /// Whether `stream_a` may take effect (where the warps keep their row tiles, see
+    /// [`Self::effective`]): tensor-core kernels.
+    pub fn stream_a_apply(&self) -> bool {
+        self.stream_a && self.mma.is_some()
+    }
+
+    /// This schedule as it takes effect on `p`, so that names, labels and stored entries
+    /// say what the kernel does: `row_pairs` off where the warps do not suit it and
+    /// `stream_a` off where the warps do not keep their row tiles (the code is the same
+    /// either way), and `stream_a` off where the schedule asks for C over A (which needs A's
+    /// fragments held; the code generator relies on this).
     pub fn effective(mut self, p: &ColMajorProblem) -> GpuSchedule {
         if self.row_pairs && self.row_tiles_per_warp(p) != Some(2) {
             self.row_pairs = false;

@@ -121,7 +121,6 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, s
         && s.stage == Staging::FlatC
         && tba == 1
         && !fragments
-        && !s.stream_a
         && (s.warps as usize) % p.m.div_ceil(16) == 0;
     let c_pad = cv
         .filter(|_| mma && kind == BatchKind::Strided && s.stage == Staging::FlatC)

@@ -283,7 +283,7 @@ pub(super) fn mma_warp(
     // Slots made just before each tile's epilogue, not held through the mma: column
     // sweep, and A's fragments loaded at each step (`stream_a`, for fewer registers); the
     // C prefetch needs them first.
-    let deferred = (sweep || (s.stream_a && fixed_row.is_some())) && !prefetch;
+    let deferred = (sweep || (s.stream_a_apply() && fixed_row.is_some())) && !prefetch;
     let matrix = sc.filter(|_| matrix).map(|(base, ldc)| {
         let (l7, l8, off) = (asm.reg(Kind::B32), asm.reg(Kind::B32), asm.reg(Kind::B32));
         asm.op(format!("and.b32 {l7}, {lane}, 7"));
@@ -558,7 +558,7 @@ pub(super) fn mma_body(
     // the warp holds their A fragments for all k steps (else each group loads them at each
     // step, `GpuSchedule::stream_a`).
     let rows = mw.rows.max(1);
-    let hold_a = reuse && !s.stream_a;
+    let hold_a = reuse && !s.stream_a_apply();
     let (lane, gid, tig) = (&mw.lane, &mw.gid, &mw.tig);
     // Verbatim copies (`flat`): per operand, the order in which each lane loads the two
     // halves of a fragment word (`fragment_swap_table`: against bank conflicts where k
@@ -847,7 +847,6 @@ pub(super) fn mma_body(
             asm.op(format!("add.u32 {r}, {r}, {}", lanes[0]));
             [r, second]
         };
-    // Warps that keep their row tiles: each one's fragments for every k step, by row.
     // The A base of row tile r of a warp's (or a group's) tiles, from its first tile.
     let a_base = |asm: &mut Asm, tiles: &[MmaTile], r: usize| -> ([String; 2], [Lanes; 2]) {
         let tmr = &tiles[r].tmr;
@@ -861,16 +860,15 @@ pub(super) fn mma_body(
         };
         (base, a_edge(r))
     };
-    let mut fixed_a: Option<Vec<Vec<Vec<String>>>> = None;
-    if hold_a {
-        let frags = (0..rows)
+    // Warps that hold their row tiles' A: each one's fragments for every k step, by row.
+    let fixed_a: Option<Vec<Vec<Vec<String>>>> = hold_a.then(|| {
+        (0..rows)
             .map(|r| {
                 let (base, edge) = a_base(asm, &mw.tiles, r);
                 (0..ks).map(|k| load_a(asm, &base, &edge, k)).collect()
             })
-            .collect();
-        fixed_a = Some(frags);
-    }
+            .collect()
+    });
     // Column sweep: the A fragments of every row tile (tile i of the first group is row
     // tile i), all loaded before any tile.
     let rows_a: Vec<Vec<Vec<String>>> = if mw.sweep {
