@@ -439,32 +439,11 @@ impl GpuSchedule {
     /// problem, `tba` problems per block, padded staging, no C prefetch.
     pub fn mma(warps: u32, tba: u32, ldmatrix: bool) -> GpuSchedule {
         GpuSchedule {
-            rm: 1,
-            rn: 1,
-            tba,
             mma: Some(MmaShape::M16N8K16),
             warps,
-            accumulate: Accumulate::F32,
-            stage: Staging::Padded,
             ldmatrix,
-            prefetch_c: false,
-            min_blocks: 0,
-            vector_reads: false,
-            mma_group: 0,
-            c_over_a: false,
-            mul_hi_slots: false,
-            flat_fragments: false,
-            async_copies: false,
-            realign_in_shared: false,
-            epilogue_swaps: false,
-            column_sweep: false,
-            row_group: 0,
-            slot_copies: false,
-            element_epilogue: false,
-            epilogue_loads_first: false,
-            full_last_k_step: false,
-            row_pairs: false,
-            stream_a: false,
+            // Every other field as for FMA kernels: off.
+            ..GpuSchedule::fma(1, 1, tba, Staging::Padded)
         }
     }
 
