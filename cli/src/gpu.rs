@@ -1606,6 +1606,7 @@ mod tests {
             let spec = square(n);
             let c = mma_candidates(&spec, &target, &[true]);
             let mut offered: Vec<u32> = c.iter().filter(|s| s.row_pairs).map(|s| s.warps).collect();
+            offered.sort_unstable();
             offered.dedup();
             let streamed = c.iter().filter(|s| s.row_pairs && s.stream_a).count();
             assert_eq!(streamed, offered.len(), "n = {n}");

@@ -601,7 +601,6 @@ fn mma_variant_specs() -> Vec<GemmSpec> {
 /// failures.
 fn check_mma_variants(test: &str, gpu: &Gpu, variants: &[GpuSchedule], seed: u64) {
     let mut jobs = Vec::new();
-    let mut count = 0;
     for (i, spec) in mma_variant_specs().iter().enumerate() {
         let p = spec.col_major();
         for (warps, tba) in [(1, 1), (2, 3), (8, 1), (16, 1)] {
@@ -614,7 +613,7 @@ fn check_mma_variants(test: &str, gpu: &Gpu, variants: &[GpuSchedule], seed: u64
                 if s.validate(&p, gpu.target()).is_err() {
                     continue;
                 }
-                count += 1;
+                let count = jobs.len() + 1;
                 jobs.push((seed + (i * 7 + count) as u64, *spec, s));
             }
         }
@@ -622,7 +621,11 @@ fn check_mma_variants(test: &str, gpu: &Gpu, variants: &[GpuSchedule], seed: u64
     let failures = in_parallel(test, &jobs, |(seed, spec, s)| {
         run_f16_with(gpu, spec, *seed, Some(s)).map_err(|e| format!("{s:?}: {e}"))
     });
-    println!("{count} f16 mma kernels checked, {} failed", failures.len());
+    println!(
+        "{} f16 mma kernels checked, {} failed",
+        jobs.len(),
+        failures.len()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -734,7 +737,6 @@ fn f16_c_over_a_matches() {
         return;
     };
     let mut jobs = Vec::new();
-    let mut count = 0;
     let half = Scalar::fixed(0.5).unwrap();
     let mut all = Vec::new();
     for (m, n, k, ta, tb, beta, ldc) in [
@@ -805,7 +807,7 @@ fn f16_c_over_a_matches() {
                 if s.validate(&p, gpu.target()).is_err() {
                     continue;
                 }
-                count += 1;
+                let count = jobs.len() + 1;
                 jobs.push((1700 + (i * 5 + count) as u64, *spec, s));
             }
         }
@@ -814,7 +816,8 @@ fn f16_c_over_a_matches() {
         run_f16_with(&gpu, spec, *seed, Some(s)).map_err(|e| format!("{s:?}: {e}"))
     });
     println!(
-        "{count} f16 c_over_a kernels checked, {} failed",
+        "{} f16 c_over_a kernels checked, {} failed",
+        jobs.len(),
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -1259,14 +1262,13 @@ fn check_flag_cases(
     variants: impl Fn(usize, &GemmSpec) -> Vec<GpuSchedule>,
 ) {
     let mut jobs = Vec::new();
-    let mut count = 0;
     for (i, spec) in cases {
         let p = spec.col_major();
         for s in variants(i, &spec) {
             if s.validate(&p, gpu.target()).is_err() {
                 continue;
             }
-            count += 1;
+            let count = jobs.len() as u64 + 1;
             jobs.push((base + i as u64 * step + count, spec, s));
         }
     }
@@ -1277,10 +1279,11 @@ fn check_flag_cases(
         })
     });
     println!(
-        "{count} f16 {what} kernels checked, {} failed",
+        "{} f16 {what} kernels checked, {} failed",
+        jobs.len(),
         failures.len()
     );
-    assert!(count > 0, "no {what} kernel fits");
+    assert!(!jobs.is_empty(), "no {what} kernel fits");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
