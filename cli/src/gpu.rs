@@ -895,7 +895,8 @@ fn async_candidates(
 /// warps and each multiple of the row tiles from 4 to 16, one problem per block (up to 48
 /// also 2 and 4 warps with 1, 2 and 4 problems per block), each with and without
 /// `async_copies`, and where the warps keep one row of tiles each with and without
-/// `c_over_a`, elsewhere in groups of 1, 2 and 3 tiles.
+/// `c_over_a`, elsewhere in groups of 1, 2 and 3 tiles; each also with 16-byte vectors
+/// instead of words (`realign_vectors`) where that changes the code.
 fn realign_candidates(
     spec: &GemmSpec,
     target: &GpuTarget,
@@ -952,6 +953,17 @@ fn realign_candidates(
         };
         ptx_code(spec, target, s) != ptx_code(spec, target, &without)
     });
+    // Each also with 16-byte vectors where the words would realign (`realign_vectors`:
+    // the planned kernels' winners at 61..125 on an H200; elsewhere the code is the same
+    // and `with_distinct` drops it).
+    let vectors: Vec<GpuSchedule> = more
+        .iter()
+        .map(|s| GpuSchedule {
+            realign_vectors: true,
+            ..*s
+        })
+        .collect();
+    more.extend(vectors);
     with_distinct(spec, target, out, more)
 }
 
@@ -1745,6 +1757,10 @@ mod tests {
             assert_eq!(c.len() > 1, n != 128, "n = {n}: {c:?}");
             assert!(c[1..].iter().all(|s| s.realign_in_shared), "n = {n}");
             assert_eq!(c.iter().any(|s| s.tba > 1), n == 33, "n = {n}");
+            // 16-byte vectors where the words realign (not at 127, whose banks keep the
+            // vectors anyway).
+            let vectors = c.iter().any(|s| s.realign_vectors && s != &planned);
+            assert_eq!(vectors, [33, 97, 115].contains(&n), "n = {n}");
         }
     }
 }

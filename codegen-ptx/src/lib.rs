@@ -188,8 +188,9 @@ pub fn entry_name(spec: &GemmSpec, kind: BatchKind, s: &GpuSchedule) -> String {
     };
     let rp = if s.row_pairs_apply() { "_rp" } else { "" };
     let sa = if s.stream_a_apply() { "_sa" } else { "" };
+    let rv = if s.realign_vectors_apply() { "_rv" } else { "" };
     format!(
-        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}{lf}{fk}{rp}{sa}",
+        "{}{}{mma}_tba{}{acc}{mb}{group}{ca}{mh}{ff}{cpa}{rsh}{sw}{cs}{rg}{sc}{ee}{lf}{fk}{rp}{sa}{rv}",
         spec.name(),
         kind.suffix(),
         s.tba
@@ -427,6 +428,70 @@ mod tests {
         assert_eq!(kernel(40, true), (0, 9, 0));
         assert_eq!(kernel(41, false), (0, 9, 0));
         assert_eq!(kernel(16, false), (0, 3, 0));
+    }
+
+    /// `realign_in_shared` reads 4-byte words where their banks allow (f16 75: five a
+    /// vector, funnel-shifted); `realign_vectors` keeps the two 16-byte loads a vector
+    /// there and says so in the kernel's name; where the bank rule keeps the 16-byte loads
+    /// anyway (63) it changes no load.
+    #[test]
+    fn realign_vectors_keeps_the_16_byte_loads() {
+        let kernel = |n, realign_vectors| {
+            let spec = GemmSpec::builder(Dtype::F16, n, n, n).build().unwrap();
+            let s = GpuSchedule {
+                stage: Staging::FlatC,
+                async_copies: true,
+                realign_in_shared: true,
+                realign_vectors,
+                ..GpuSchedule::mma(5, 1, true)
+            };
+            let k = sm90_strided(&spec, &s);
+            let count = |what: &str| k.ptx.matches(what).count();
+            (
+                count("ld.shared.b32"),
+                count("shf.r.clamp.b32"),
+                count("ld.shared.v4.b32"),
+                k.entry.ends_with("_rv"),
+            )
+        };
+        let words = kernel(75, false);
+        let vectors = kernel(75, true);
+        assert!(words.0 > 0 && words.1 > 0 && !words.3, "{words:?}");
+        assert_eq!(vectors.0, 0, "{vectors:?}");
+        assert!(vectors.2 > words.2 && vectors.3, "{vectors:?}");
+        // 63: the bank rule keeps the 16-byte loads anyway.
+        let (plain, asked) = (kernel(63, false), kernel(63, true));
+        assert_eq!((plain.0, plain.1, plain.2), (asked.0, asked.1, asked.2));
+    }
+
+    /// C's flat span lies in shared memory as its 128-byte lines lie in global memory
+    /// (`flat_copy`'s `line`: the shift masked to 127 bytes, 112 bytes more room), except
+    /// beside flat fragments.
+    #[test]
+    fn c_span_placed_by_lines_except_beside_flat_fragments() {
+        let spec = GemmSpec::builder(Dtype::F16, 23, 23, 23)
+            .alpha(Scalar::fixed(1.5).unwrap())
+            .beta(Scalar::fixed(0.5).unwrap())
+            .build()
+            .unwrap();
+        let kernel = |flat_fragments| {
+            let s = GpuSchedule {
+                stage: Staging::FlatC,
+                flat_fragments,
+                async_copies: true,
+                ..GpuSchedule::mma(2, 2, !flat_fragments)
+            };
+            sm90_strided(&spec, &s)
+        };
+        let (ff, ldm) = (kernel(true), kernel(false));
+        assert!(
+            !ff.ptx.contains(", 127;"),
+            "flat fragments: C placed by lines"
+        );
+        assert!(
+            ldm.ptx.contains(", 127;"),
+            "ldmatrix: C not placed by lines"
+        );
     }
 
     /// Row pairs (`GpuSchedule::row_pairs`): a warp's two row tiles share each B fragment,

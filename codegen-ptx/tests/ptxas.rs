@@ -64,7 +64,8 @@ fn specs() -> Vec<(GemmSpec, BatchKind)> {
 /// one tile at a time and (2 and 8 warps) in groups of 2 and 3 tiles (`mma_group`), A and
 /// B copied verbatim with 16-bit fragment loads (`flat_fragments`), the verbatim copies
 /// through `cp.async` (`async_copies`; A and B straight into their slots, `slot_copies`),
-/// A and B realigned in shared memory (`realign_in_shared`), the epilogue's lanes in swapped order (`epilogue_swaps`),
+/// A and B realigned in shared memory (`realign_in_shared`; with 16-byte vectors,
+/// `realign_vectors`), the epilogue's lanes in swapped order (`epilogue_swaps`),
 /// C's padded copy element by element in the epilogue (`element_epilogue`), the epilogue's
 /// loads of C before its stores, in groups of tiles (`epilogue_loads_first`), the last k
 /// step as a full `m16n8k16` (`full_last_k_step`),
@@ -102,14 +103,19 @@ fn mma_variants() -> Vec<GpuSchedule> {
                         }
                     }
                     if stage != Staging::Padded {
-                        // A and B realigned from verbatim copies in their slots.
-                        out.push(GpuSchedule {
-                            stage,
-                            prefetch_c,
-                            async_copies: prefetch_c,
-                            realign_in_shared: true,
-                            ..GpuSchedule::mma(warps, tba, ldmatrix)
-                        });
+                        // A and B realigned from verbatim copies in their slots, by words
+                        // where the banks allow and with 16-byte vectors everywhere
+                        // (`realign_vectors`).
+                        for realign_vectors in [false, true] {
+                            out.push(GpuSchedule {
+                                stage,
+                                prefetch_c,
+                                async_copies: prefetch_c,
+                                realign_in_shared: true,
+                                realign_vectors,
+                                ..GpuSchedule::mma(warps, tba, ldmatrix)
+                            });
+                        }
                     }
                     if stage == Staging::FlatC && !prefetch_c {
                         // C's padded copy element by element (not by `ldmatrix` and

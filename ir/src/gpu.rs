@@ -340,6 +340,15 @@ pub struct GpuSchedule {
     /// needs A's fragments in registers before C takes A's place). Ignored elsewhere.
     #[serde(default)]
     pub stream_a: bool,
+    /// Tensor-core kernels that realign A and B in shared memory (`realign_in_shared`):
+    /// each 16-byte vector of a padded slot rebuilt from the two aligned vectors around it
+    /// (16-byte loads and selects) even where the 4-byte words' bank rule would read five
+    /// words and funnel-shift them. On an H200 the words lost 3 to 9 points of the bound
+    /// at 61, 79, 87, 89 and 91 with the planned schedules, and won at most other sizes
+    /// (docs/gpu-notes.md, version 36). Off unless a schedule asks for it; ignored where
+    /// the words are not used anyway.
+    #[serde(default)]
+    pub realign_vectors: bool,
 }
 
 /// A schedule that breaks a hard limit of the target or does not fit the problem.
@@ -432,6 +441,7 @@ impl GpuSchedule {
             full_last_k_step: false,
             row_pairs: false,
             stream_a: false,
+            realign_vectors: false,
         }
     }
 
@@ -456,7 +466,7 @@ impl GpuSchedule {
         };
         match self.mma {
             Some(_) => format!(
-                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
+                "mma w{} tba{}{}{stage}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}{}",
                 self.warps,
                 self.tba,
                 if self.ldmatrix { " ldm" } else { "" },
@@ -513,7 +523,12 @@ impl GpuSchedule {
                     ""
                 },
                 if self.row_pairs_apply() { " rp" } else { "" },
-                if self.stream_a_apply() { " sa" } else { "" }
+                if self.stream_a_apply() { " sa" } else { "" },
+                if self.realign_vectors_apply() {
+                    " rv"
+                } else {
+                    ""
+                }
             ),
             None => format!(
                 "r{}x{} tba{}{stage}{}{}",
@@ -577,6 +592,12 @@ impl GpuSchedule {
     /// [`Self::effective`]): tensor-core kernels.
     pub fn stream_a_apply(&self) -> bool {
         self.stream_a && self.mma.is_some()
+    }
+
+    /// Whether `realign_vectors` may take effect (where the words' bank rule would choose
+    /// them): kernels that realign A and B in shared memory.
+    pub fn realign_vectors_apply(&self) -> bool {
+        self.realign_vectors && self.realign_in_shared_apply()
     }
 
     /// This schedule as it takes effect on `p`, so that names, labels and stored entries
@@ -1053,6 +1074,19 @@ const H100_F16_REALIGNED: [(usize, u32, Mma, u32, u32, bool); 87] = [
 /// 5253). (n, problems per block, blocks per SM for ptxas).
 const H100_F16_COLUMN_SWEEP: [(usize, u32, u32); 3] = [(17, 8, 1), (18, 8, 1), (21, 8, 0)];
 
+/// Sizes whose planned tensor-core kernels realign A and B with 16-byte vectors
+/// (`GpuSchedule::realign_vectors`) rather than the 4-byte words of version 31. The code
+/// generator's changes since version 26 (the last measured on an H100) were measured on
+/// an H200 with its own tuned entries; the planned kernels, what an H100 runs, against
+/// version 26's (`bench --gpu --f16-only`, alternated, two runs each) won at 96 of the 113
+/// sizes 16..128 and lost at 23, 25, 61, 79, 89, 91 and 128. With the words off, 89, 91,
+/// 61, 79, 87, 81, 84 and 125 gained 1.5 to 9 points of the bound (51 other sizes lost up
+/// to 12); with these sizes so, the planned kernels against the previous ones, two runs
+/// each: 89 68.4/68.7 -> 75.7/75.8%, 91 68.9/69.3 -> 77.4/76.4%, 61, 79, 87 +1.9 to +2.7
+/// points, 81, 84, 125 +1.2 to +1.4, no size lost (docs/gpu-notes.md, version 36). At 128
+/// the tile epilogue lost 2.4 points: it keeps the element one (`element_epilogue`).
+const PLANNED_REALIGN_VECTORS: [usize; 8] = [61, 79, 81, 84, 87, 89, 91, 125];
+
 /// How a tensor-core default loads its operands: `ldmatrix` fragments (`Ldm`), and the C
 /// prefetch (`Pre`), and flat staging of A and B as well (`FlatPre`); or `ldmatrix` with C
 /// through shared memory and flat A and B (`FlatC`: `Staging::FlatC`, no prefetch).
@@ -1230,6 +1264,12 @@ fn plan_within_limits(
             s.min_blocks = min_blocks;
             s.column_sweep = true;
         }
+    }
+    if s.mma.is_some() {
+        // Measured on an H200 against each other, the planned schedules alone: the 16-byte
+        // realigning where the words lost, and 128's element epilogue.
+        s.realign_vectors = s.realign_in_shared && PLANNED_REALIGN_VECTORS.contains(&big);
+        s.element_epilogue = big == 128;
     }
     s.shrink_tba_to_fit(p, target);
     if s.prefetch_c && s.validate(p, target).is_err() {

@@ -994,6 +994,55 @@ fn f16_full_last_k_step_matches() {
     );
 }
 
+/// A and B realigned in shared memory with 16-byte vectors where the bank rule would read
+/// words (`GpuSchedule::realign_vectors`): the planned schedule with `realign_in_shared`,
+/// `FlatC` with 5 and 8 warps (in groups of 2), C's copies through `cp.async` or not, 2
+/// problems a block, and `Flat` with the C prefetch, each with the flag; m from 17 to 127
+/// (no multiple of 8: A realigned), n and k varied, every transpose, alpha and beta of each
+/// kind, beta 0 with NaN in C.
+#[test]
+fn f16_realign_vectors_matches() {
+    let Some(gpu) = gpu("f16_realign_vectors") else {
+        return;
+    };
+    let cases = f16_flag_cases((17..=127usize).step_by(4));
+    check_flag_cases(
+        "f16_realign_vectors_matches",
+        &gpu,
+        "realign_vectors",
+        cases,
+        (8700, 7),
+        |_, spec| {
+            let planned = smallgemm_ir::plan_gpu(&spec.col_major(), gpu.target()).unwrap();
+            let flatc = |warps, tba, mma_group, async_copies| GpuSchedule {
+                stage: Staging::FlatC,
+                mma_group,
+                async_copies,
+                ..GpuSchedule::mma(warps, tba, true)
+            };
+            [
+                planned,
+                flatc(5, 1, 0, true),
+                flatc(8, 1, 2, false),
+                flatc(2, 2, 0, true),
+                GpuSchedule {
+                    stage: Staging::Flat,
+                    prefetch_c: true,
+                    ..GpuSchedule::mma(4, 1, true)
+                },
+            ]
+            .into_iter()
+            .map(|v| GpuSchedule {
+                realign_in_shared: true,
+                realign_vectors: true,
+                ..v
+            })
+            .filter(|s| s.realign_vectors_apply())
+            .collect()
+        },
+    );
+}
+
 /// Column sweep (`GpuSchedule::column_sweep`): each warp takes whole columns of tiles with
 /// every row tile's A fragments held for all k steps. Sizes 9 to 64 and a few above; the
 /// planned schedule, it with 1, 2 and 4 warps and 2 problems per block, with and without

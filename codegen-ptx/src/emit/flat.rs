@@ -196,8 +196,11 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, s
         (p.n.next_multiple_of(rn) - p.n) * b_col,
     );
     // Tensor-core kernels place C's span as its 128-byte lines lie in global memory
-    // (`flat_copy`'s `line`): up to 112 bytes more room.
-    let c_room = if mma { LINE_ROOM } else { 0 };
+    // (`flat_copy`'s `line`): up to 112 bytes more room. Not beside flat fragments, where
+    // the placement lost on an H200 (23 and 25, 2 problems a block: 1.7 and 3.2 points of
+    // the bound) and gained nowhere (docs/gpu-notes.md, version 36).
+    let c_line = mma && !fragments;
+    let c_room = if c_line { LINE_ROOM } else { 0 };
     // Flat C over A: the block's span (with its shift) inside A's padded copy.
     let c_vectors = (tba * c_len + v - 1).div_ceil(v);
     let c_flat_over_a = over_a && !a_ok && c_ok && c_vectors * 16 + c_room <= layout.a_len * elt;
@@ -220,7 +223,7 @@ pub(crate) fn flat_plan(p: &ColMajorProblem, s: &GpuSchedule, kind: BatchKind, s
         b_in_slot,
         c_pad,
         c_over_a: c_flat_over_a || (over_a && c_pad.is_some_and(|c| c.c_in_slot == 0)),
-        c_line: mma,
+        c_line,
         shared_bytes: at,
     }
 }

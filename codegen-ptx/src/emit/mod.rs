@@ -711,8 +711,10 @@ pub(crate) fn kernel(
             let realign = dtype == Dtype::F16 && sl == 1 && so % 8 == 0;
             let verbatim = (realign && s.realign_in_shared_apply())
                 .then(|| {
-                    // Realigned there by 4-byte words where their banks allow.
-                    let words = realign_words_pay(lead.max, other.max);
+                    // Realigned there by 4-byte words where their banks allow (unless
+                    // the schedule asks for the 16-byte vectors).
+                    let words =
+                        !s.realign_vectors_apply() && realign_words_pay(lead.max, other.max);
                     let slack = if words { REALIGN_WORDS_SLACK } else { 0 };
                     let first = copy_verbatim(
                         &mut asm,
