@@ -343,7 +343,7 @@ pub struct GpuSchedule {
     /// Tensor-core kernels that realign A and B in shared memory (`realign_in_shared`):
     /// each 16-byte vector of a padded slot rebuilt from the two aligned vectors around it
     /// (16-byte loads and selects) even where the 4-byte words' bank rule would read five
-    /// words and funnel-shift them. On an H200 the words lost 3 to 9 points of the bound
+    /// words and funnel-shift them. On an H200 the words lost 2 to 9 points of the bound
     /// at 61, 79, 87, 89 and 91 with the planned schedules, and won at most other sizes
     /// (docs/gpu-notes.md, version 36). Off unless a schedule asks for it; ignored where
     /// the words are not used anyway.
