@@ -560,6 +560,11 @@ struct TuneArgs {
     /// left out there.
     #[arg(long)]
     schedules: Option<PathBuf>,
+    /// Only the planned schedule, the schedule in use and its neighbours, as with
+    /// `--schedules`: single-field changes (each epilogue and copy flag both ways, blocks
+    /// per SM 0..=4, `row_group`, `mma_group`, 4 to 16 warps).
+    #[arg(long, conflicts_with = "schedules")]
+    neighbours: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
 }
@@ -1013,6 +1018,51 @@ fn schedule_changes(
     })
 }
 
+/// `tune --neighbours`: changes of one field (or of warps and blocks per SM together) of
+/// the schedule in use: each epilogue and copy flag on and off, `slot_copies`,
+/// `element_epilogue`, `full_last_k_step` and `realign_vectors` on, 0..=4 blocks per SM,
+/// `row_group` 0, 2, 3, 4, 5, 8, `mma_group` 0, 2, 3, and 4 to 16 warps. On the H200
+/// they won 9 of 26 f16 sizes below or near 85% of the bound by 1.5 to 5.6 points
+/// (docs/gpu-notes.md, version 36).
+fn neighbour_changes() -> Vec<serde_json::Map<String, serde_json::Value>> {
+    use serde_json::Value;
+    let change = |fields: &[(&str, Value)]| {
+        fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let mut out = Vec::new();
+    for flag in [
+        "epilogue_loads_first",
+        "epilogue_swaps",
+        "async_copies",
+        "stream_a",
+        "row_pairs",
+    ] {
+        for on in [true, false] {
+            out.push(change(&[(flag, Value::from(on))]));
+        }
+    }
+    for flag in [
+        "slot_copies",
+        "element_epilogue",
+        "full_last_k_step",
+        "realign_vectors",
+    ] {
+        out.push(change(&[(flag, Value::from(true))]));
+    }
+    out.extend((0..=4).map(|b| change(&[("min_blocks", Value::from(b))])));
+    out.extend([0, 2, 3, 4, 5, 8].map(|g| change(&[("row_group", Value::from(g))])));
+    out.extend([0, 2, 3].map(|g| change(&[("mma_group", Value::from(g))])));
+    out.extend([4, 5, 6, 7, 8, 10, 12, 14, 16].map(|w| change(&[("warps", Value::from(w))])));
+    out.extend(
+        [(8, 2), (7, 3), (14, 1)]
+            .map(|(w, b)| change(&[("warps", Value::from(w)), ("min_blocks", Value::from(b))])),
+    );
+    out
+}
+
 /// `tune --schedules`: the schedule in use, then it under each change (those that fit and
 /// whose code differs from every one before).
 fn changed_candidates(
@@ -1128,9 +1178,10 @@ fn tune(args: &TuneArgs) -> Result<ExitCode, String> {
     };
     let mut tdb = TuningDb::load(&path).map_err(|e| e.to_string())?;
     tdb.version = tuning::VERSION;
-    let changes = match &args.schedules {
-        Some(file) => Some(schedule_changes(file)?),
-        None => None,
+    let changes = match (&args.schedules, args.neighbours) {
+        (Some(file), _) => Some(schedule_changes(file)?),
+        (None, true) => Some(neighbour_changes()),
+        (None, false) => None,
     };
     let db = &mut tdb.gpu;
     if args.variable {
@@ -1735,6 +1786,30 @@ mod tests {
         std::fs::write(&file, r#"{"warps": 7}"#).unwrap();
         assert!(schedule_changes(&file).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `tune --neighbours`: every change names real fields with values of their types, and
+    /// at an odd size (97's H200 entry) most give kernels of their own.
+    #[test]
+    fn neighbour_changes_apply_to_the_schedule_in_use() {
+        let target = GpuTarget::new(Sm::Sm90);
+        let spec = square(97);
+        let in_use = GpuSchedule {
+            min_blocks: 3,
+            async_copies: true,
+            realign_in_shared: true,
+            epilogue_swaps: true,
+            epilogue_loads_first: true,
+            stage: Staging::FlatC,
+            ..GpuSchedule::mma(7, 1, true)
+        };
+        let changes = neighbour_changes();
+        for c in &changes {
+            with_changes(&in_use, c).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+        }
+        let c = changed_candidates(&spec, &target, in_use, &changes).unwrap();
+        assert_eq!(c[0], in_use);
+        assert!(c.len() > 20, "{} candidates", c.len());
     }
 
     /// `tune --realign-in-shared` offers the planned schedule first, then distinct ones
