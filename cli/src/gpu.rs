@@ -561,8 +561,8 @@ struct TuneArgs {
     #[arg(long)]
     schedules: Option<PathBuf>,
     /// Only the planned schedule, the schedule in use and its neighbours, as with
-    /// `--schedules`: single-field changes (each epilogue and copy flag both ways, blocks
-    /// per SM 0..=4, `row_group`, `mma_group`, 4 to 16 warps).
+    /// `--schedules`: single-field changes (flags on and off, blocks per SM 0..=4,
+    /// `row_group`, `mma_group`, 4 to 16 warps).
     #[arg(long, conflicts_with = "schedules")]
     neighbours: bool,
     #[arg(long, default_value_t = 0)]
@@ -1021,9 +1021,9 @@ fn schedule_changes(
 /// `tune --neighbours`: changes of one field (or of warps and blocks per SM together) of
 /// the schedule in use: each epilogue and copy flag on and off, `slot_copies`,
 /// `element_epilogue`, `full_last_k_step` and `realign_vectors` on, 0..=4 blocks per SM,
-/// `row_group` 0, 2, 3, 4, 5, 8, `mma_group` 0, 2, 3, and 4 to 16 warps. On the H200
-/// they won 9 of 26 f16 sizes below or near 85% of the bound by 1.5 to 5.6 points
-/// (docs/gpu-notes.md, version 36).
+/// `row_group` 0, 2, 3, 4, 5, 8, `mma_group` 0, 2, 3, and 4 to 16 warps. On the H200 this
+/// list without `realign_vectors` (given to `--schedules`) won 9 of 26 f16 sizes below or
+/// near 85% of the bound, by 1.5 to 5.6 points (docs/gpu-notes.md, version 36).
 fn neighbour_changes() -> Vec<serde_json::Map<String, serde_json::Value>> {
     use serde_json::Value;
     let change = |fields: &[(&str, Value)]| {
