@@ -697,6 +697,17 @@ impl Runner<'_, '_> {
             warmup: timing.warmup.min(ROUND_WARMUP),
             ..one_sample
         };
+        // The FMA loop's samples run it for a millisecond after a short warm-up in either
+        // regime. A call is 0.1 ms: with the streaming timing (one call a sample, no
+        // warm-up) the sample timed the other threads' wake-up as much as their FMAs, and
+        // the bound of f32 at two threads read 84-93 GFLOP/s against 253 in the same run's
+        // limits table (an Ice Lake VM, thirty-eighth session), which put kernels at up to
+        // 151% of it.
+        let fma_sample = Timing {
+            warmup: ROUND_WARMUP,
+            min_sample: FMA_MIN_SAMPLE,
+            ..one_sample
+        };
         // Saturating: `--reps` sets the budget to Duration::MAX.
         // The rounds also time the bound's probes, each a budget share of its own: the
         // memory pattern over this case's A, B and C (in L2 or from DRAM), and the FMA loop.
@@ -718,7 +729,7 @@ impl Runner<'_, '_> {
             let (counted, samples) = time_gemm_pattern(isa, a, b, c, threads, t)?;
             probe_bytes = counted as f64;
             probe_seconds.extend(samples);
-            fma_seconds.extend(time_parallel(threads, t, |_| {
+            fma_seconds.extend(time_parallel(threads, &fma_sample, |_| {
                 probe::fma_loop(isa, T::DTYPE).map(drop)
             })?);
             for ((_, g), out) in prepared.iter().zip(&mut seconds) {
@@ -783,6 +794,9 @@ impl Runner<'_, '_> {
 
 /// Warm-up before each sample after the first round (see `measure`).
 const ROUND_WARMUP: Duration = Duration::from_millis(2);
+
+/// Shortest sample of the FMA loop in a case's rounds (see `measure`).
+const FMA_MIN_SAMPLE: Duration = Duration::from_millis(1);
 
 /// Bytes of A, B and C per thread in the hot regime by default (`run` and `tune` time
 /// batches of this size too): comfortably inside L2.
