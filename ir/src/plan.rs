@@ -615,9 +615,37 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
             crate::lane_pack::estimated_cycles(problem, target, g)
         });
     }
+    let mut cycles = block_cycles::<true>(problem, target, s);
+    if problem.trans_a == Trans::T {
+        cycles += (problem.m * problem.k) as f64;
+    }
+    if problem.beta != Scalar::Zero && s.masked_tail(problem, target) {
+        cycles += MASKED_STORE_STALL;
+    }
+    cycles
+}
+
+/// A lower bound of [`estimated_cycles`] for a schedule that does not pack lanes: its
+/// blocks' cycles with each p-norm replaced by the larger of its two terms, which it never
+/// falls below (in floating point too: the norm is the larger term times a factor of at
+/// least one, and the sums add the same terms in the same order), without the terms for a
+/// transposed A and a masked tail.
+fn cycles_at_least(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f64 {
+    block_cycles::<false>(problem, target, s)
+}
+
+/// The cycles of a schedule's register blocks (not lane-packed), the part of
+/// [`estimated_cycles`] that depends on the blocking; `NORMS` costs each step by the
+/// target's p-norms, else by the larger of their terms (a lower bound, and no chains of
+/// square roots).
+fn block_cycles<const NORMS: bool>(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f64 {
     let lanes = s.lanes(target, problem.dtype);
     let c_reads = (problem.beta != Scalar::Zero) as usize as f64;
     let b_operand = BOperand::of(problem, target, s);
+    let norm = |a: f64, b: f64, squarings: Option<u32>| match squarings {
+        Some(squarings) if NORMS => power_norm(a, b, squarings),
+        _ => a.max(b),
+    };
     let mut cycles = 0.0;
     for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
         let vectors = s.block_vectors(rows, lanes) as f64;
@@ -635,55 +663,9 @@ pub fn estimated_cycles(problem: &ColMajorProblem, target: Target, s: &Schedule)
                 fmas / target.fma_per_cycle(),
                 (loads / target.mixed_loads_per_cycle()).max(full_loads / target.loads_per_cycle()),
             );
-            let throughput = match target.saturation_norm() {
-                Some(squarings) => power_norm(fma_cycles, load_cycles, squarings),
-                None => fma_cycles.max(load_cycles),
-            };
+            let throughput = norm(fma_cycles, load_cycles, target.saturation_norm());
             let latency = if fmas > 0.0 { FMA_LATENCY } else { 0.0 };
-            let step = match target.fma_latency_norm() {
-                Some(squarings) => power_norm(throughput, latency, squarings),
-                None => throughput.max(latency),
-            };
-            let epilogue = fmas * (1.0 + c_reads);
-            cycles += (row_count * col_count) as f64 * (problem.k as f64 * step + epilogue);
-        }
-    }
-    if problem.trans_a == Trans::T {
-        cycles += (problem.m * problem.k) as f64;
-    }
-    if c_reads > 0.0 && s.masked_tail(problem, target) {
-        cycles += MASKED_STORE_STALL;
-    }
-    cycles
-}
-
-/// A lower bound of [`estimated_cycles`] for a schedule that does not pack lanes: the
-/// same sum with each p-norm replaced by the larger of its two terms, which it never falls
-/// below (in floating point too: the norm is the larger term times a factor of at least
-/// one, and the sums add the same terms in the same order), and without the terms for a
-/// transposed A and a masked tail.
-fn cycles_at_least(problem: &ColMajorProblem, target: Target, s: &Schedule) -> f64 {
-    let lanes = s.lanes(target, problem.dtype);
-    let c_reads = (problem.beta != Scalar::Zero) as usize as f64;
-    let b_operand = BOperand::of(problem, target, s);
-    let mut cycles = 0.0;
-    for (rows, row_count) in pieces(problem.m, s.m_vectors * lanes) {
-        let vectors = s.block_vectors(rows, lanes) as f64;
-        for (cols, col_count) in pieces(problem.n, s.n_cols) {
-            let b_loads = b_operand.loads_per_step(cols, lanes);
-            let cols = cols as f64;
-            let fmas = vectors * cols;
-            let loads = vectors + b_loads;
-            let full_loads = match b_operand {
-                BOperand::Memory | BOperand::Broadcast | BOperand::BroadcastColumns => vectors,
-                BOperand::VectorsAlongK | BOperand::VectorsAlongN => loads,
-            };
-            let (fma_cycles, load_cycles) = (
-                fmas / target.fma_per_cycle(),
-                (loads / target.mixed_loads_per_cycle()).max(full_loads / target.loads_per_cycle()),
-            );
-            let latency = if fmas > 0.0 { FMA_LATENCY } else { 0.0 };
-            let step = fma_cycles.max(load_cycles).max(latency);
+            let step = norm(throughput, latency, target.fma_latency_norm());
             let epilogue = fmas * (1.0 + c_reads);
             cycles += (row_count * col_count) as f64 * (problem.k as f64 * step + epilogue);
         }
