@@ -736,6 +736,44 @@ mod tests {
     use super::*;
     use crate::spec::GemmSpec;
 
+    /// The bound that lets the planner skip blocks never exceeds the estimate it stands
+    /// for, or the planner would skip a block that is cheaper than the best so far.
+    #[test]
+    fn cycles_at_least_never_exceeds_the_estimate() {
+        let mut compared = 0;
+        for target in [Target::AVX512, Target::AVX512_HALVES, Target::AVX2] {
+            for dtype in [Dtype::F64, Dtype::F32] {
+                for (m, n, k) in [(1, 1, 1), (3, 5, 7), (9, 9, 9), (17, 19, 23), (31, 8, 40)] {
+                    for beta in [Scalar::One, Scalar::Zero] {
+                        let problem = GemmSpec::builder(dtype, m, n, k)
+                            .beta(beta)
+                            .build()
+                            .unwrap()
+                            .col_major();
+                        let lanes = target.vector_bytes() / dtype.size();
+                        for m_vectors in 1..=m.div_ceil(lanes) {
+                            for n_cols in 1..=n {
+                                let s = Schedule {
+                                    m_vectors,
+                                    n_cols,
+                                    lane_pack: false,
+                                    ..plan(&problem, target)
+                                };
+                                let (low, cost) = (
+                                    cycles_at_least(&problem, target, &s),
+                                    estimated_cycles(&problem, target, &s),
+                                );
+                                assert!(low <= cost, "{m}x{n}x{k} {s:?} {target}: {low} > {cost}");
+                                compared += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(compared > 500, "{compared}");
+    }
+
     #[test]
     fn intel_avx512_costs_blocks_near_the_fma_latency_and_the_load_ports() {
         // f64 64x48x64 (k long, every block whole, the same FMAs in every blocking): a
