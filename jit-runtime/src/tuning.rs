@@ -64,7 +64,7 @@ pub fn default_path() -> Option<PathBuf> {
 /// 6x6x6 and 12x12x12 and f32 2x2x2, 4x4x4, 6x6x6 and 7x7x7 in the twenty-third; f64
 /// 17x17x17 and 31x31x31 and f32 23x23x23 in the twenty-fourth; the rest falls back to
 /// those), an Ice Lake Xeon (`Intel(R) Xeon(R) Processor @ 2.80GHz`, family 6 model 106:
-/// fifteen f64 and seven f32 squares and eight small-k shapes whose tuned schedules ran
+/// fourteen f64 and six f32 squares and seven small-k shapes whose tuned schedules ran
 /// faster than the planner's in alternated `smallgemm bench` runs (in every run or, at
 /// seven of them, on average), docs/perf-notes.md, thirty-eighth session; the planner
 /// serves the rest there, since its model name differs from the others'), and an AMD
