@@ -66,7 +66,7 @@ pub fn default_path() -> Option<PathBuf> {
 /// those), an Ice Lake Xeon (`Intel(R) Xeon(R) Processor @ 2.80GHz`, family 6 model 106:
 /// fourteen f64 and six f32 squares and seven small-k shapes whose tuned schedules ran
 /// faster than the planner's in alternated `smallgemm bench` runs (in every run or, at
-/// seven of them, on average), docs/perf-notes.md, thirty-eighth session; the planner
+/// six of them, on average), docs/perf-notes.md, thirty-eighth session; the planner
 /// serves the rest there, since its model name differs from the others'), and an AMD
 /// EPYC (Zen 4) where only the winners that `smallgemm bench` confirmed against the
 /// planner in three alternated runs were kept: f64 3x3x3 and 4x4x4 (docs/perf-notes.md,
