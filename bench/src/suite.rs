@@ -401,9 +401,82 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report, St
         limits,
         figures,
         latency,
-        notes,
+        notes: merge_kernel_notes(notes),
         check_failures,
     })
+}
+
+/// Folds the notes that one competitor gave for many kernels alike (`"<competitor>
+/// <kernel>: <note>"`; MKL on AMD says that it generated no JIT code for every shape) into
+/// one line each, naming how many kernels and the first and last; a note given for one or
+/// two kernels stays as it is.
+fn merge_kernel_notes(notes: Vec<String>) -> Vec<String> {
+    // (competitor, note) -> kernels, in the order the notes first came.
+    let mut groups: Vec<((String, String), Vec<String>)> = Vec::new();
+    let mut order: Vec<Result<usize, String>> = Vec::new();
+    for line in notes {
+        let parsed = line.split_once(": ").and_then(|(head, note)| {
+            let (competitor, kernel) = head.split_once(' ')?;
+            Some((competitor.to_string(), kernel.to_string(), note.to_string()))
+        });
+        let Some((competitor, kernel, note)) = parsed else {
+            order.push(Err(line));
+            continue;
+        };
+        let key = (competitor, note);
+        match groups.iter().position(|(k, _)| *k == key) {
+            Some(i) => groups[i].1.push(kernel),
+            None => {
+                order.push(Ok(groups.len()));
+                groups.push((key, vec![kernel]));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for entry in order {
+        match entry {
+            Err(line) => out.push(line),
+            Ok(i) => {
+                let ((competitor, note), kernels) = &groups[i];
+                match kernels.as_slice() {
+                    [first, .., last] if kernels.len() > 2 => out.push(format!(
+                        "{competitor}: {note}, for {} kernels ({first} .. {last})",
+                        kernels.len()
+                    )),
+                    _ => out.extend(kernels.iter().map(|k| format!("{competitor} {k}: {note}"))),
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_kernel_notes;
+
+    #[test]
+    fn notes_for_many_kernels_fold_into_one_line() {
+        let notes: Vec<String> = [
+            "openblas: left out, not built",
+            "mkl-jit dgemm_a: no JIT code",
+            "libxsmm dgemm_a: wrong result: 3 != 4",
+            "mkl-jit dgemm_b: no JIT code",
+            "mkl-jit dgemm_c: no JIT code",
+            "libxsmm dgemm_c: wrong result: 5 != 6",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            merge_kernel_notes(notes),
+            [
+                "openblas: left out, not built",
+                "mkl-jit: no JIT code, for 3 kernels (dgemm_a .. dgemm_c)",
+                "libxsmm dgemm_a: wrong result: 3 != 4",
+                "libxsmm dgemm_c: wrong result: 5 != 6",
+            ]
+        );
+    }
 }
 
 /// A raw C pointer the threads of a measurement share; each forms a slice of its own
