@@ -71,7 +71,7 @@ pub fn default_path() -> Option<PathBuf> {
 /// EPYC (Zen 4) where only the winners that `smallgemm bench` confirmed against the
 /// planner in three alternated runs were kept: f64 3x3x3 and 4x4x4 (docs/perf-notes.md,
 /// ninth session), and f64 and f32 4x4x8, 4x4x16 and 4x4x32 (tenth session), and an AMD
-/// EPYC without AVX-512 (Zen 3, family 25 model 1: twelve squares and eight small-k shapes
+/// EPYC without AVX-512 (Zen 3, family 25 model 1: fifteen squares and eight small-k shapes
 /// whose tuned schedules beat the planner's in two or three sets of alternated `smallgemm
 /// bench` runs, docs/perf-notes.md, thirty-ninth session). Its `gpu`
 /// section holds an H200's squares, and the f64 buckets of its variable-size batches,
