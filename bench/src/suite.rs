@@ -411,32 +411,37 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report, St
 /// one line each, naming how many kernels and the first and last; a note given for one or
 /// two kernels stays as it is.
 fn merge_kernel_notes(notes: Vec<String>) -> Vec<String> {
+    /// A line as it came, or the group of kernels a (competitor, note) pair collects.
+    enum Line {
+        Plain(String),
+        Group(usize),
+    }
     // (competitor, note) -> kernels, in the order the notes first came.
     let mut groups: Vec<((String, String), Vec<String>)> = Vec::new();
-    let mut order: Vec<Result<usize, String>> = Vec::new();
+    let mut lines = Vec::new();
     for line in notes {
         let parsed = line.split_once(": ").and_then(|(head, note)| {
             let (competitor, kernel) = head.split_once(' ')?;
             Some((competitor.to_string(), kernel.to_string(), note.to_string()))
         });
         let Some((competitor, kernel, note)) = parsed else {
-            order.push(Err(line));
+            lines.push(Line::Plain(line));
             continue;
         };
         let key = (competitor, note);
         match groups.iter().position(|(k, _)| *k == key) {
             Some(i) => groups[i].1.push(kernel),
             None => {
-                order.push(Ok(groups.len()));
+                lines.push(Line::Group(groups.len()));
                 groups.push((key, vec![kernel]));
             }
         }
     }
     let mut out = Vec::new();
-    for entry in order {
-        match entry {
-            Err(line) => out.push(line),
-            Ok(i) => {
+    for line in lines {
+        match line {
+            Line::Plain(line) => out.push(line),
+            Line::Group(i) => {
                 let ((competitor, note), kernels) = &groups[i];
                 match kernels.as_slice() {
                     [first, .., last] if kernels.len() > 2 => out.push(format!(
