@@ -375,6 +375,7 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report, St
     }
 
     let mut figures = Vec::new();
+    let mut kernel_notes = KernelNotes::default();
     let mut check_failures = Vec::new();
     for &dtype in &config.dtypes {
         let mut run = Runner {
@@ -382,6 +383,7 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report, St
             ctx: &ctx,
             checked: HashMap::new(),
             notes: &mut notes,
+            kernel_notes: &mut kernel_notes,
             figures: &mut figures,
             check_failures: &mut check_failures,
             progress,
@@ -401,84 +403,71 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(&str)) -> Result<Report, St
         limits,
         figures,
         latency,
-        notes: merge_kernel_notes(notes),
+        notes: notes.into_iter().chain(kernel_notes.lines()).collect(),
         check_failures,
     })
 }
 
-/// Folds the notes that one competitor gave for many kernels alike (`"<competitor>
-/// <kernel>: <note>"`; MKL on AMD says that it generated no JIT code for every shape) into
-/// one line each, naming how many kernels and the first and last; a note given for one or
-/// two kernels stays as it is.
-fn merge_kernel_notes(notes: Vec<String>) -> Vec<String> {
-    /// A line as it came, or the group of kernels a (competitor, note) pair collects.
-    enum Line {
-        Plain(String),
-        Group(usize),
-    }
-    // (competitor, note) -> kernels, in the order the notes first came.
-    let mut groups: Vec<((String, String), Vec<String>)> = Vec::new();
-    let mut lines = Vec::new();
-    for line in notes {
-        let parsed = line.split_once(": ").and_then(|(head, note)| {
-            let (competitor, kernel) = head.split_once(' ')?;
-            Some((competitor.to_string(), kernel.to_string(), note.to_string()))
-        });
-        let Some((competitor, kernel, note)) = parsed else {
-            lines.push(Line::Plain(line));
-            continue;
-        };
+/// What competitors said of the kernels they prepared (MKL on AMD: that it generated no
+/// JIT code, for every shape), grouped by competitor and note so that a note given for
+/// many kernels alike is one line of the report.
+#[derive(Default)]
+struct KernelNotes {
+    /// (competitor, note) -> the kernels it was given for, in the order they came.
+    groups: Vec<((Competitor, String), Vec<String>)>,
+}
+
+impl KernelNotes {
+    fn add(&mut self, competitor: Competitor, note: String, kernel: String) {
         let key = (competitor, note);
-        match groups.iter().position(|(k, _)| *k == key) {
-            Some(i) => groups[i].1.push(kernel),
-            None => {
-                lines.push(Line::Group(groups.len()));
-                groups.push((key, vec![kernel]));
-            }
+        match self.groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, kernels)) if kernels.contains(&kernel) => {}
+            Some((_, kernels)) => kernels.push(kernel),
+            None => self.groups.push((key, vec![kernel])),
         }
     }
-    let mut out = Vec::new();
-    for line in lines {
-        match line {
-            Line::Plain(line) => out.push(line),
-            Line::Group(i) => {
-                let ((competitor, note), kernels) = &groups[i];
-                match kernels.as_slice() {
-                    [first, .., last] if kernels.len() > 2 => out.push(format!(
-                        "{competitor}: {note}, for {} kernels ({first} .. {last})",
-                        kernels.len()
-                    )),
-                    _ => out.extend(kernels.iter().map(|k| format!("{competitor} {k}: {note}"))),
-                }
+
+    /// One line per note and kernel, or per note where it came for more than two kernels
+    /// (naming how many, the first and the last).
+    fn lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for ((competitor, note), kernels) in &self.groups {
+            let name = competitor.name();
+            match kernels.as_slice() {
+                [first, .., last] if kernels.len() > 2 => out.push(format!(
+                    "{name}: {note}, for {} kernels ({first} .. {last})",
+                    kernels.len()
+                )),
+                _ => out.extend(kernels.iter().map(|k| format!("{name} {k}: {note}"))),
             }
         }
+        out
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
-    use super::merge_kernel_notes;
+    use super::{Competitor, KernelNotes};
 
     #[test]
     fn notes_for_many_kernels_fold_into_one_line() {
-        let notes: Vec<String> = [
-            "openblas: left out, not built",
-            "mkl-jit dgemm_a: no JIT code",
-            "libxsmm dgemm_a: wrong result: 3 != 4",
-            "mkl-jit dgemm_b: no JIT code",
-            "mkl-jit dgemm_c: no JIT code",
-            "libxsmm dgemm_c: wrong result: 5 != 6",
-        ]
-        .map(String::from)
-        .to_vec();
+        let mut notes = KernelNotes::default();
+        for (competitor, kernel, note) in [
+            (Competitor::MklJit, "dgemm_a", "no JIT code"),
+            (Competitor::Libxsmm, "dgemm_a", "odd: 3 != 4"),
+            (Competitor::MklJit, "dgemm_b", "no JIT code"),
+            (Competitor::MklJit, "dgemm_a", "no JIT code"),
+            (Competitor::MklJit, "dgemm_c", "no JIT code"),
+            (Competitor::Libxsmm, "dgemm_c", "odd: 5 != 6"),
+        ] {
+            notes.add(competitor, note.into(), kernel.into());
+        }
         assert_eq!(
-            merge_kernel_notes(notes),
+            notes.lines(),
             [
-                "openblas: left out, not built",
                 "mkl-jit: no JIT code, for 3 kernels (dgemm_a .. dgemm_c)",
-                "libxsmm dgemm_a: wrong result: 3 != 4",
-                "libxsmm dgemm_c: wrong result: 5 != 6",
+                "libxsmm dgemm_a: odd: 3 != 4",
+                "libxsmm dgemm_c: odd: 5 != 6",
             ]
         );
     }
@@ -604,6 +593,7 @@ struct Runner<'a, 'p> {
     /// The correctness check of each (competitor, shape), done once per dtype.
     checked: HashMap<(Competitor, Shape), Result<(), String>>,
     notes: &'a mut Vec<String>,
+    kernel_notes: &'a mut KernelNotes,
     figures: &'a mut Vec<Figure>,
     check_failures: &'a mut Vec<(Competitor, Dtype, Shape, String)>,
     progress: &'p mut dyn FnMut(&str),
@@ -753,10 +743,7 @@ impl Runner<'_, '_> {
             }
             let g = competitor.prepare::<T>(self.ctx, spec, alpha, beta)?;
             if let Some(note) = g.note() {
-                let line = format!("{} {}: {note}", competitor.name(), spec.name());
-                if !self.notes.contains(&line) {
-                    self.notes.push(line);
-                }
+                self.kernel_notes.add(competitor, note, spec.name());
             }
             prepared.push((competitor, g));
         }
