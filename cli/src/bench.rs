@@ -64,7 +64,8 @@ pub struct BenchArgs {
     /// Samples per figure (upper bound; a time budget may stop earlier).
     #[arg(long)]
     reps: Option<usize>,
-    /// Bytes of A, B and C per thread in the hot regime, in KiB.
+    /// Bytes of A, B and C per thread in the hot regime, in KiB (default: half of L2, at most
+    /// 512).
     #[arg(long)]
     hot_kib: Option<usize>,
     /// Bytes of A, B and C in the streaming regime, in MiB (default 1024; the quick run 256).

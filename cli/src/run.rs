@@ -6,7 +6,7 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Scalar};
 use smallgemm_bench::buffer::AlignedBuf;
-use smallgemm_bench::suite::{hot_batch, HOT_BYTES};
+use smallgemm_bench::suite::{default_hot_bytes, hot_batch};
 use smallgemm_ir::reference::TestData;
 
 use crate::{DtypeArg, ShapeArgs};
@@ -25,7 +25,8 @@ pub struct RunArgs {
     dtype: Option<DtypeArg>,
     #[command(flatten)]
     shape: ShapeArgs,
-    /// Matrices per call (default: enough to fill about 512 KiB, a batch that stays in L2).
+    /// Matrices per call (default: enough to fill half of L2, at most 512 KiB: a batch that
+    /// stays in L2).
     #[arg(long)]
     batch: Option<usize>,
     /// Timed repetitions; the median is reported.
@@ -97,7 +98,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode, String> {
 }
 
 fn run_one<T: Element>(jit: &Jit, spec: &GemmSpec, args: &RunArgs) -> Result<bool, String> {
-    let batch = args.batch.unwrap_or(hot_batch(spec, HOT_BYTES));
+    let batch = args.batch.unwrap_or(hot_batch(spec, default_hot_bytes()));
     let kernel = jit.kernel(spec).map_err(|e| e.to_string())?;
     let (alpha, beta) = (T::from_f64(args.alpha), T::from_f64(args.beta));
 

@@ -19,7 +19,7 @@ use smallgemm::{Dtype, Element, GemmSpec, Isa, Jit, Scalar, Schedule};
 use smallgemm_bench::buffer::AlignedBuf;
 use smallgemm_bench::measure::{time_parallel, Timing};
 use smallgemm_bench::stats::Summary;
-use smallgemm_bench::suite::{hot_batch, HOT_BYTES};
+use smallgemm_bench::suite::{default_hot_bytes, hot_batch};
 use smallgemm_ir::reference::TestData;
 use smallgemm_ir::{choose_unrolling, estimated_cycles, estimated_ops, Target, UNROLL_BUDGET};
 
@@ -372,7 +372,7 @@ fn tune_shape<T: Element>(
     spec: &GemmSpec,
     args: &TuneArgs,
 ) -> Result<Vec<(Schedule, f64)>, String> {
-    let batch = hot_batch(spec, HOT_BYTES);
+    let batch = hot_batch(spec, default_hot_bytes());
     let mut data = TestData::<T>::new(spec, batch, 7);
     // A, B and (below) C as cache-line-aligned copies, as `smallgemm bench` lays out its
     // operands: on the reference data's own (16 bytes past a line) every column of f64

@@ -76,7 +76,7 @@ fn has_avx512() -> bool {
 
 /// Bytes of one core's L2 cache (from Linux's sysfs; 1 MiB where it cannot be read): a
 /// batch larger than this streams from L3 or memory.
-pub(crate) fn l2_bytes() -> usize {
+pub fn l2_bytes() -> usize {
     static L2: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *L2.get_or_init(|| {
         data_caches()

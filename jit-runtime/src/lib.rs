@@ -39,7 +39,7 @@ pub mod tuning;
 use std::sync::{Arc, OnceLock};
 
 pub use batch::{blas_spec, GemmGroup, MatrixShape};
-pub use cpu::{detect, supported_isas};
+pub use cpu::{detect, l2_bytes, supported_isas};
 pub use error::Error;
 pub use kernel::listing;
 pub use kernel::{generate, generate_with_abi, Abi, Generated, Kernel};
