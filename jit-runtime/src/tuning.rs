@@ -73,7 +73,8 @@ pub fn default_path() -> Option<PathBuf> {
 /// ninth session), and f64 and f32 4x4x8, 4x4x16 and 4x4x32 (tenth session), and an AMD
 /// EPYC without AVX-512 (Zen 3, family 25 model 1: fifteen squares and eight small-k shapes
 /// whose tuned schedules beat the planner's in two or three sets of alternated `smallgemm
-/// bench` runs, docs/perf-notes.md, thirty-ninth session). Its `gpu`
+/// bench` runs, docs/perf-notes.md, thirty-ninth session; f32 6x6x6, 7x7x7 and 12x12x12 in
+/// the fortieth, tuned with the hot batch at half of L2). Its `gpu`
 /// section holds an H200's squares, and the f64 buckets of its variable-size batches,
 /// where they beat the planner's H100 defaults in the bench (docs/gpu-notes.md, versions
 /// 27 to 30); `Gpu` reads them beneath the user's entries.
