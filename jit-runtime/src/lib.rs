@@ -122,11 +122,11 @@ impl Jit {
             }
             None => tuning::TuningDb::default(),
         };
-        // The JIT reads only the CPU entries.
+        // The JIT reads only this CPU's entries.
         self.tuning = if user.cpu.is_empty() {
-            tuning::shipped_shared().clone()
+            tuning::shipped_for_this_cpu().clone()
         } else {
-            Arc::new(user.with_fallback(tuning::shipped()))
+            Arc::new(user.with_fallback(tuning::shipped_for_this_cpu()))
         };
         self
     }

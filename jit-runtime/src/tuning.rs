@@ -79,17 +79,109 @@ pub fn default_path() -> Option<PathBuf> {
 /// where they beat the planner's H100 defaults in the bench (docs/gpu-notes.md, versions
 /// 27 to 30); `Gpu` reads them beneath the user's entries.
 pub fn shipped() -> &'static TuningDb {
-    shipped_shared()
-}
-
-/// The shipped database, parsed once and shared by every `Jit` without a database of its own
-/// (copying it cost a new `Jit` about 10 µs).
-pub(crate) fn shipped_shared() -> &'static Arc<TuningDb> {
-    static SHIPPED: std::sync::OnceLock<Arc<TuningDb>> = std::sync::OnceLock::new();
+    static SHIPPED: std::sync::OnceLock<TuningDb> = std::sync::OnceLock::new();
     SHIPPED.get_or_init(|| {
         // A test checks that it parses; should it not, the planner serves every shape.
-        Arc::new(serde_json::from_str(include_str!("../tuning/shipped.json")).unwrap_or_default())
+        serde_json::from_str(SHIPPED_JSON).unwrap_or_default()
     })
+}
+
+/// The text of [`shipped`].
+const SHIPPED_JSON: &str = include_str!("../tuning/shipped.json");
+
+/// The shipped database's CPU entries for this CPU (its [`machine_key`] and [`model_key`]
+/// with each ISA), parsed once and shared by every `Jit` without a database of its own
+/// (copying it cost a new `Jit` about 10 µs). Not the whole file: parsing all of it, its GPU
+/// section as JSON values most of all, took a process's first `Jit` 1.0-1.4 ms on a Zen 3.
+pub(crate) fn shipped_for_this_cpu() -> &'static Arc<TuningDb> {
+    static SHIPPED: std::sync::OnceLock<Arc<TuningDb>> = std::sync::OnceLock::new();
+    SHIPPED.get_or_init(|| {
+        let machines: Vec<String> = [Isa::Avx2, Isa::Avx512, Isa::Neon]
+            .into_iter()
+            .flat_map(|isa| [machine_key(isa), model_key(isa)])
+            .collect();
+        // A test checks that it parses; should it not, the planner serves every shape.
+        Arc::new(cpu_entries_of(SHIPPED_JSON, &machines).unwrap_or_default())
+    })
+}
+
+/// A database's `version` and the CPU entries of `machines` in it, without parsing the
+/// other machines' entries or the GPU section (they are skipped as text).
+fn cpu_entries_of(text: &str, machines: &[String]) -> serde_json::Result<TuningDb> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let db = serde::Deserializer::deserialize_map(&mut de, filtered::Database(machines))?;
+    de.end()?;
+    Ok(db)
+}
+
+/// The visitors of [`cpu_entries_of`].
+mod filtered {
+    use std::collections::BTreeMap;
+    use std::fmt;
+
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+    use smallgemm_ir::Schedule;
+
+    use super::TuningDb;
+
+    /// The whole database: `version`, `cpu` through [`Machines`], anything else skipped.
+    pub(super) struct Database<'a>(pub &'a [String]);
+
+    impl<'de> Visitor<'de> for Database<'_> {
+        type Value = TuningDb;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a tuning database")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TuningDb, A::Error> {
+            let mut db = TuningDb::default();
+            while let Some(key) = map.next_key::<String>()? {
+                match key.as_str() {
+                    "version" => db.version = map.next_value()?,
+                    "cpu" => db.cpu = map.next_value_seed(Machines(self.0))?,
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(db)
+        }
+    }
+
+    /// The `cpu` map: the entries of the machines asked for.
+    struct Machines<'a>(&'a [String]);
+
+    type Entries = BTreeMap<String, BTreeMap<String, Schedule>>;
+
+    impl<'de> DeserializeSeed<'de> for Machines<'_> {
+        type Value = Entries;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Entries, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Machines<'_> {
+        type Value = Entries;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("machine keys and their entries")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+            let mut out = Entries::new();
+            while let Some(machine) = map.next_key::<String>()? {
+                if self.0.contains(&machine) {
+                    let shapes = map.next_value()?;
+                    out.insert(machine, shapes);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(out)
+        }
+    }
 }
 
 /// What /proc/cpuinfo (Linux) says of this CPU, read once per process: every compilation
@@ -362,5 +454,35 @@ mod tests {
         let merged = user.with_fallback(shipped);
         assert_eq!(merged.cpu[machine][shape], mine);
         assert_eq!(merged.cpu[machine].len(), tuned.len());
+    }
+
+    #[test]
+    fn the_jit_parses_only_the_machines_asked_for() {
+        let full = shipped();
+        let machines: Vec<&String> = full.cpu.keys().collect();
+        assert!(machines.len() >= 2, "{machines:?}");
+        // Each machine alone, and two together, come out as the whole parse has them.
+        for machine in &machines {
+            let one = cpu_entries_of(SHIPPED_JSON, &[machine.to_string()]).unwrap();
+            assert_eq!(one.version, full.version);
+            assert_eq!(one.cpu.len(), 1);
+            assert_eq!(one.cpu[*machine], full.cpu[*machine]);
+            assert!(one.gpu.is_empty());
+        }
+        let two: Vec<String> = machines[..2].iter().map(|m| m.to_string()).collect();
+        let both = cpu_entries_of(SHIPPED_JSON, &two).unwrap();
+        assert_eq!(both.cpu.keys().collect::<Vec<_>>(), machines[..2]);
+        let none = cpu_entries_of(SHIPPED_JSON, &["no such CPU | avx2".to_string()]).unwrap();
+        assert!(none.cpu.is_empty());
+        // This CPU's share is the whole parse's entries under its keys.
+        let mine = shipped_for_this_cpu();
+        for isa in [Isa::Avx2, Isa::Avx512, Isa::Neon] {
+            for key in [machine_key(isa), model_key(isa)] {
+                assert_eq!(mine.cpu.get(&key), full.cpu.get(&key), "{key}");
+            }
+        }
+        // Text that is not a database is an error, as with the whole parse.
+        assert!(cpu_entries_of("{\"cpu\": [1]}", &two).is_err());
+        assert!(cpu_entries_of("{} trailing", &two).is_err());
     }
 }
