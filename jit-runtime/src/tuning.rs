@@ -81,18 +81,27 @@ pub fn default_path() -> Option<PathBuf> {
 pub fn shipped() -> &'static TuningDb {
     static SHIPPED: std::sync::OnceLock<TuningDb> = std::sync::OnceLock::new();
     SHIPPED.get_or_init(|| {
-        // A test checks that it parses; should it not, the planner serves every shape.
-        serde_json::from_str(SHIPPED_JSON).unwrap_or_default()
+        // A test checks that both parse; should one not, the planner serves its shapes.
+        let cpu: TuningDb = serde_json::from_str(SHIPPED_CPU_JSON).unwrap_or_default();
+        let gpu: TuningDb = serde_json::from_str(SHIPPED_GPU_JSON).unwrap_or_default();
+        TuningDb {
+            gpu: gpu.gpu,
+            ..cpu
+        }
     })
 }
 
-/// The text of [`shipped`].
-const SHIPPED_JSON: &str = include_str!("../tuning/shipped.json");
+/// [`shipped`]'s CPU entries, in a file of their own so that a `Jit` reads no GPU entries
+/// (scanning them took 170 µs of a process's first `Jit` on a Zen 3).
+const SHIPPED_CPU_JSON: &str = include_str!("../tuning/shipped-cpu.json");
+
+/// [`shipped`]'s GPU entries.
+const SHIPPED_GPU_JSON: &str = include_str!("../tuning/shipped-gpu.json");
 
 /// The shipped database's CPU entries for this CPU (its [`machine_key`] and [`model_key`]
 /// with each ISA), parsed once and shared by every `Jit` without a database of its own
-/// (copying it cost a new `Jit` about 10 µs). Not the whole file: parsing all of it, its GPU
-/// section as JSON values most of all, took a process's first `Jit` 1.0-1.4 ms on a Zen 3.
+/// (copying it cost a new `Jit` about 10 µs). Not all of it: parsing every entry, the GPU
+/// ones as JSON values most of all, took a process's first `Jit` 1.0-1.4 ms on a Zen 3.
 pub(crate) fn shipped_for_this_cpu() -> &'static Arc<TuningDb> {
     static SHIPPED: std::sync::OnceLock<Arc<TuningDb>> = std::sync::OnceLock::new();
     SHIPPED.get_or_init(|| {
@@ -101,7 +110,7 @@ pub(crate) fn shipped_for_this_cpu() -> &'static Arc<TuningDb> {
             .flat_map(|isa| [machine_key(isa), model_key(isa)])
             .collect();
         // A test checks that it parses; should it not, the planner serves every shape.
-        Arc::new(cpu_entries_of(SHIPPED_JSON, &machines).unwrap_or_default())
+        Arc::new(cpu_entries_of(SHIPPED_CPU_JSON, &machines).unwrap_or_default())
     })
 }
 
@@ -435,8 +444,13 @@ mod tests {
 
     #[test]
     fn shipped_database_parses_and_yields_to_the_users() {
+        for text in [SHIPPED_CPU_JSON, SHIPPED_GPU_JSON] {
+            let part: TuningDb = serde_json::from_str(text).unwrap();
+            assert_eq!(part.version, VERSION);
+        }
         let shipped = shipped();
         assert_eq!(shipped.version, VERSION);
+        assert!(!shipped.gpu.is_empty());
         let shapes: usize = shipped.cpu.values().map(|m| m.len()).sum();
         assert!(shapes >= 62, "{shapes} shipped shapes");
         // The user's entry wins; the shipped ones fill the rest.
@@ -463,16 +477,16 @@ mod tests {
         assert!(machines.len() >= 2, "{machines:?}");
         // Each machine alone, and two together, come out as the whole parse has them.
         for machine in &machines {
-            let one = cpu_entries_of(SHIPPED_JSON, &[machine.to_string()]).unwrap();
+            let one = cpu_entries_of(SHIPPED_CPU_JSON, &[machine.to_string()]).unwrap();
             assert_eq!(one.version, full.version);
             assert_eq!(one.cpu.len(), 1);
             assert_eq!(one.cpu[*machine], full.cpu[*machine]);
             assert!(one.gpu.is_empty());
         }
         let two: Vec<String> = machines[..2].iter().map(|m| m.to_string()).collect();
-        let both = cpu_entries_of(SHIPPED_JSON, &two).unwrap();
+        let both = cpu_entries_of(SHIPPED_CPU_JSON, &two).unwrap();
         assert_eq!(both.cpu.keys().collect::<Vec<_>>(), machines[..2]);
-        let none = cpu_entries_of(SHIPPED_JSON, &["no such CPU | avx2".to_string()]).unwrap();
+        let none = cpu_entries_of(SHIPPED_CPU_JSON, &["no such CPU | avx2".to_string()]).unwrap();
         assert!(none.cpu.is_empty());
         // This CPU's share is the whole parse's entries under its keys.
         let mine = shipped_for_this_cpu();

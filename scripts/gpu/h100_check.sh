@@ -4,7 +4,7 @@
 # $1: the carried folder holding `smallgemm` and `gpu-tests` built here (default carry/gpu).
 dir=${1:-carry/gpu}
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total,driver_version --format=csv
-python3 scripts/gpu/relabel_h200_entries.py jit-runtime/tuning/shipped.json /tmp/h200as.json
+python3 scripts/gpu/relabel_h200_entries.py jit-runtime/tuning/shipped-gpu.json /tmp/h200as.json
 cd "$dir" || exit 1
 s=$(date +%s)
 timeout 240 ./gpu-tests > "$OUT/tests.log" 2>&1; echo "tests rc $? in $(( $(date +%s) - s )) s"

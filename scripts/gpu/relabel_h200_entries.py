@@ -1,6 +1,6 @@
 """Writes a tuning database that holds the shipped H200 GPU entries under this machine's GPU
 name (from nvidia-smi), so that another GPU (the H100) runs the H200's winners:
-python3 relabel_h200_entries.py jit-runtime/tuning/shipped.json OUT.json"""
+python3 relabel_h200_entries.py jit-runtime/tuning/shipped-gpu.json OUT.json"""
 import json
 import subprocess
 import sys
