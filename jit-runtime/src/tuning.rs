@@ -92,7 +92,8 @@ pub fn shipped() -> &'static TuningDb {
 }
 
 /// [`shipped`]'s CPU entries, in a file of their own so that a `Jit` reads no GPU entries
-/// (scanning them took 170 µs of a process's first `Jit` on a Zen 3).
+/// (scanning past them cost a process's first `Jit::new` about 110 µs on a Zen 3: 359 µs
+/// median with one file, 248 µs with two).
 const SHIPPED_CPU_JSON: &str = include_str!("../tuning/shipped-cpu.json");
 
 /// [`shipped`]'s GPU entries.
@@ -101,7 +102,8 @@ const SHIPPED_GPU_JSON: &str = include_str!("../tuning/shipped-gpu.json");
 /// The shipped database's CPU entries for this CPU (its [`machine_key`] and [`model_key`]
 /// with each ISA), parsed once and shared by every `Jit` without a database of its own
 /// (copying it cost a new `Jit` about 10 µs). Not all of it: parsing every entry, the GPU
-/// ones as JSON values most of all, took a process's first `Jit` 1.0-1.4 ms on a Zen 3.
+/// ones as JSON values most of all, took 1.0-2.3 ms on a Zen 3, and a process's first
+/// `Jit::new` 1.9 ms (median; 0.54 ms with only this CPU's entries parsed).
 pub(crate) fn shipped_for_this_cpu() -> &'static Arc<TuningDb> {
     static SHIPPED: std::sync::OnceLock<Arc<TuningDb>> = std::sync::OnceLock::new();
     SHIPPED.get_or_init(|| {
