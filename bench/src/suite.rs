@@ -867,7 +867,8 @@ const FMA_MIN_SAMPLE: Duration = Duration::from_millis(1);
 /// batches of this size too): half of this core's L2, at most 512 KiB, so that the batch
 /// stays inside L2 beside the code and the stack. On Xeons with 1.25-2 MiB of L2 that is
 /// 512 KiB, as it always was; on a Zen 3 with 512 KiB of L2 it is 256 KiB (512 KiB there
-/// filled L2 exactly, and its L2 bandwidth probe read 103-105 GB/s against 128 at 256 KiB).
+/// filled L2 exactly: its L2 bandwidth probe read 111-120 GB/s there against 129-133 at 256
+/// KiB and 129-131 at 128 KiB, six runs alternated).
 pub fn default_hot_bytes() -> usize {
     (smallgemm::l2_bytes() / 2).clamp(16 << 10, 512 << 10)
 }
