@@ -117,82 +117,27 @@ pub(crate) fn shipped_for_this_cpu() -> &'static Arc<TuningDb> {
 }
 
 /// A database's `version` and the CPU entries of `machines` in it, without parsing the
-/// other machines' entries or the GPU section (they are skipped as text).
+/// other machines' entries (their text is only checked to be JSON) or a GPU section.
 fn cpu_entries_of(text: &str, machines: &[String]) -> serde_json::Result<TuningDb> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    let db = serde::Deserializer::deserialize_map(&mut de, filtered::Database(machines))?;
-    de.end()?;
-    Ok(db)
-}
-
-/// The visitors of [`cpu_entries_of`].
-mod filtered {
-    use std::collections::BTreeMap;
-    use std::fmt;
-
-    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
-    use smallgemm_ir::Schedule;
-
-    use super::TuningDb;
-
-    /// The whole database: `version`, `cpu` through [`Machines`], anything else skipped.
-    pub(super) struct Database<'a>(pub &'a [String]);
-
-    impl<'de> Visitor<'de> for Database<'_> {
-        type Value = TuningDb;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a tuning database")
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TuningDb, A::Error> {
-            let mut db = TuningDb::default();
-            while let Some(key) = map.next_key::<String>()? {
-                match key.as_str() {
-                    "version" => db.version = map.next_value()?,
-                    "cpu" => db.cpu = map.next_value_seed(Machines(self.0))?,
-                    _ => {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-            }
-            Ok(db)
-        }
+    #[derive(Deserialize)]
+    struct Unparsed<'a> {
+        #[serde(default)]
+        version: u32,
+        #[serde(borrow, default)]
+        cpu: BTreeMap<String, &'a serde_json::value::RawValue>,
     }
-
-    /// The `cpu` map: the entries of the machines asked for.
-    struct Machines<'a>(&'a [String]);
-
-    type Entries = BTreeMap<String, BTreeMap<String, Schedule>>;
-
-    impl<'de> DeserializeSeed<'de> for Machines<'_> {
-        type Value = Entries;
-
-        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Entries, D::Error> {
-            d.deserialize_map(self)
-        }
-    }
-
-    impl<'de> Visitor<'de> for Machines<'_> {
-        type Value = Entries;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("machine keys and their entries")
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
-            let mut out = Entries::new();
-            while let Some(machine) = map.next_key::<String>()? {
-                if self.0.contains(&machine) {
-                    let shapes = map.next_value()?;
-                    out.insert(machine, shapes);
-                } else {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(out)
-        }
-    }
+    let db: Unparsed = serde_json::from_str(text)?;
+    let cpu = db
+        .cpu
+        .into_iter()
+        .filter(|(machine, _)| machines.contains(machine))
+        .map(|(machine, shapes)| Ok((machine, serde_json::from_str(shapes.get())?)))
+        .collect::<serde_json::Result<_>>()?;
+    Ok(TuningDb {
+        version: db.version,
+        cpu,
+        gpu: serde_json::Map::new(),
+    })
 }
 
 /// What /proc/cpuinfo (Linux) says of this CPU, read once per process: every compilation
