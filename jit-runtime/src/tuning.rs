@@ -77,7 +77,9 @@ pub fn default_path() -> Option<PathBuf> {
 /// the fortieth, tuned with the hot batch at half of L2). Its `gpu`
 /// section holds an H200's squares, and the f64 buckets of its variable-size batches,
 /// where they beat the planner's H100 defaults in the bench (docs/gpu-notes.md, versions
-/// 27 to 30); `Gpu` reads them beneath the user's entries.
+/// 27 to 30), and an H100's: those of the H200's entries, and f16 entries tuned there, that
+/// beat the planner on the H100 in all of three alternated bench runs (version 37); `Gpu`
+/// reads them beneath the user's entries.
 pub fn shipped() -> &'static TuningDb {
     static SHIPPED: std::sync::OnceLock<TuningDb> = std::sync::OnceLock::new();
     SHIPPED.get_or_init(|| {

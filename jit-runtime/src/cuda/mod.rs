@@ -1027,10 +1027,14 @@ mod tuning_tests {
     #[test]
     fn shipped_gpu_entries_generate_their_kernels() {
         let shipped = crate::tuning::shipped();
-        let device = "NVIDIA H200";
-        let tuned = tuned_schedules(shipped, device);
-        assert_eq!(tuned.len(), shipped.gpu.len());
-        assert!(tuned.len() >= 40, "{} shipped GPU entries", tuned.len());
+        // Every entry parses and belongs to one of the devices the sweeps ran on.
+        let devices = ["NVIDIA H200", "NVIDIA H100 80GB HBM3"];
+        let per_device: Vec<_> = devices
+            .iter()
+            .map(|device| tuned_schedules(shipped, device))
+            .collect();
+        let parsed: usize = per_device.iter().map(HashMap::len).sum();
+        assert_eq!(parsed, shipped.gpu.len());
         let target = GpuTarget::new(Sm::Sm90);
         let mut shapes: Vec<(Dtype, [usize; 3], BatchKind)> = Vec::new();
         for dtype in [Dtype::F64, Dtype::F32, Dtype::F16] {
@@ -1043,16 +1047,23 @@ mod tuning_tests {
                     .map(|(m, n, k)| (dtype, [m, n, k], BatchKind::VariableSize)),
             );
         }
-        let mut generated = 0;
-        for (dtype, [m, n, k], kind) in shapes {
-            let spec = GemmSpec::builder(dtype, m, n, k).build().unwrap();
-            let key = gpu_tuning_key(device, &spec, kind);
-            if let Some(schedule) = tuned.get(&key) {
-                smallgemm_codegen_ptx::generate(&spec, &target, Some(schedule), kind)
-                    .unwrap_or_else(|e| panic!("{key}: {e}"));
-                generated += 1;
+        for (device, tuned) in devices.iter().zip(&per_device) {
+            assert!(
+                tuned.len() >= 40,
+                "{device}: {} shipped GPU entries",
+                tuned.len()
+            );
+            let mut generated = 0;
+            for &(dtype, [m, n, k], kind) in &shapes {
+                let spec = GemmSpec::builder(dtype, m, n, k).build().unwrap();
+                let key = gpu_tuning_key(device, &spec, kind);
+                if let Some(schedule) = tuned.get(&key) {
+                    smallgemm_codegen_ptx::generate(&spec, &target, Some(schedule), kind)
+                        .unwrap_or_else(|e| panic!("{key}: {e}"));
+                    generated += 1;
+                }
             }
+            assert_eq!(generated, tuned.len(), "{device}");
         }
-        assert_eq!(generated, tuned.len());
     }
 }
