@@ -1,7 +1,8 @@
 #!/bin/bash
-# On an H200 (device tool, from the repository root): the neighbours of the shipped f16
-# entries at the sizes below 85% of the bound (docs/gpu-notes.md), then `bench --gpu` over
-# those sizes with the shipped entries and with the tuned ones, alternated (a b b a).
+# On the GPU machine (device tool, from the repository root): the neighbours of the schedules
+# in use at the f16 sizes that were below 85% of the bound on the H200 (docs/gpu-notes.md,
+# version 36), then `bench --gpu` over those sizes with the shipped entries and with the
+# tuned ones, alternated (a b b a). It tunes for whichever GPU it runs on.
 # $1: the carried folder holding `smallgemm` built here (default carry/gpu).
 dir=${1:-carry/gpu}
 sizes=8,13,19,22,31,33,35,65,97,99,105,106,107,113,114,115,117,119
