@@ -200,8 +200,9 @@ pub(crate) fn transpose_add(
 ) -> Result<[Shuffle; 2], EmitError> {
     let operands = [dst, a, b, tmp];
     let (elt, bytes) = (program.dtype.size(), program.vector_bytes());
+    let isa_has = |b| isa == Isa::Avx512 && b == 64 || isa == Isa::Avx2 && b == 32;
     match transpose_add_operands(elt, bytes, operands, width) {
-        Some(s) if isa == Isa::Avx512 => Ok(s),
+        Some(s) if isa_has(bytes) => Ok(s),
         _ => Err(EmitError::Unsupported("this transpose-add", isa)),
     }
 }
@@ -759,19 +760,22 @@ impl<'a> Emitter<'a> {
                 let [lo, hi] = transpose_add(self.isa, self.program, dst, a, b, tmp, width)?;
                 let (dst, a, b, tmp) = (self.v(dst)?, self.v(a)?, self.v(b)?, self.v(tmp)?);
                 for (shuffle, to) in [(hi, tmp), (lo, dst)] {
+                    // `transpose_add` gave Blocks only to AVX-512, Halves only to AVX2.
+                    let avx2 = self.isa == Isa::Avx2;
                     let (form, imm) = match (shuffle, dtype) {
                         (Shuffle::Blocks(imm), Dtype::F64) => (enc::EVEX_VSHUFF64X2_ZMM_IMM8, imm),
                         (Shuffle::Blocks(imm), _) => (enc::EVEX_VSHUFF32X4_ZMM_IMM8, imm),
+                        (Shuffle::Halves(imm), _) => (enc::VEX_VPERM2F128_YMM_IMM8, imm),
+                        (Shuffle::Elements(imm), Dtype::F64) if avx2 => {
+                            (enc::VEX_VSHUFPD_YMM_IMM8, imm)
+                        }
+                        (Shuffle::Elements(imm), _) if avx2 => (enc::VEX_VSHUFPS_YMM_IMM8, imm),
                         (Shuffle::Elements(imm), Dtype::F64) => (enc::EVEX_VSHUFPD_ZMM_IMM8, imm),
                         (Shuffle::Elements(imm), _) => (enc::EVEX_VSHUFPS_ZMM_IMM8, imm),
                     };
                     self.asm
                         .vec_imm8(form, to, a, Rm::Reg(b), Evex::default(), imm);
                 }
-                let add = match dtype {
-                    Dtype::F64 => enc::EVEX_VADDPD_ZMM,
-                    _ => enc::EVEX_VADDPS_ZMM,
-                };
                 self.vec(add, dst, dst, Rm::Reg(tmp));
             }
             Op::Add { dst, a, b } => {

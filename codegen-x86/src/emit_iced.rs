@@ -721,12 +721,22 @@ impl<'a> Emitter<'a> {
                     crate::emit::transpose_add(self.isa, self.program, dst, a, b, tmp, width)?;
                 let (dst, a, b, tmp) = (self.v(dst)?, self.v(a)?, self.v(b)?, self.v(tmp)?);
                 for (shuffle, to) in [(hi, tmp), (lo, dst)] {
+                    let avx2 = self.isa == Isa::Avx2;
                     let (code, imm) = match (shuffle, dtype) {
                         (Shuffle::Blocks(imm), Dtype::F64) => {
                             (Code::EVEX_Vshuff64x2_zmm_k1z_zmm_zmmm512b64_imm8, imm)
                         }
                         (Shuffle::Blocks(imm), _) => {
                             (Code::EVEX_Vshuff32x4_zmm_k1z_zmm_zmmm512b32_imm8, imm)
+                        }
+                        (Shuffle::Halves(imm), _) => {
+                            (Code::VEX_Vperm2f128_ymm_ymm_ymmm256_imm8, imm)
+                        }
+                        (Shuffle::Elements(imm), Dtype::F64) if avx2 => {
+                            (Code::VEX_Vshufpd_ymm_ymm_ymmm256_imm8, imm)
+                        }
+                        (Shuffle::Elements(imm), _) if avx2 => {
+                            (Code::VEX_Vshufps_ymm_ymm_ymmm256_imm8, imm)
                         }
                         (Shuffle::Elements(imm), Dtype::F64) => {
                             (Code::EVEX_Vshufpd_zmm_k1z_zmm_zmmm512b64_imm8, imm)
@@ -737,10 +747,6 @@ impl<'a> Emitter<'a> {
                     };
                     self.add(Instruction::with4(code, to, a, b, imm as u32)?)?;
                 }
-                let add = match dtype {
-                    Dtype::F64 => Code::EVEX_Vaddpd_zmm_k1z_zmm_zmmm512b64_er,
-                    _ => Code::EVEX_Vaddps_zmm_k1z_zmm_zmmm512b32_er,
-                };
                 self.add(Instruction::with3(add, dst, dst, tmp)?)?;
             }
             Op::Add { dst, a, b } => self.add(Instruction::with3(

@@ -219,6 +219,10 @@ pub(crate) const EVEX_VSHUFF32X4_ZMM_IMM8: VForm = evex(3, 1, false, 2, 0x23, 64
 pub(crate) const EVEX_VSHUFF64X2_ZMM_IMM8: VForm = evex(3, 1, true, 2, 0x23, 64);
 pub(crate) const EVEX_VSHUFPS_ZMM_IMM8: VForm = evex(1, 0, false, 2, 0xC6, 64);
 pub(crate) const EVEX_VSHUFPD_ZMM_IMM8: VForm = evex(1, 1, true, 2, 0xC6, 64);
+/// Their AVX2 forms in 32-byte vectors: 128-bit halves (map 0F3A) and elements (map 0F).
+pub(crate) const VEX_VPERM2F128_YMM_IMM8: VForm = vex(3, 1, false, 1, 0x06);
+pub(crate) const VEX_VSHUFPS_YMM_IMM8: VForm = vex(1, 0, false, 1, 0xC6);
+pub(crate) const VEX_VSHUFPD_YMM_IMM8: VForm = vex(1, 1, false, 1, 0xC6);
 
 /// The EVEX operand extras: opmask, zeroing, embedded broadcast.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

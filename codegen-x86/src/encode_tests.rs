@@ -1368,13 +1368,15 @@ fn kernels_match_the_iced_path() {
         let spec = builder.build().unwrap();
         let problem = spec.col_major();
         for target in [Target::AVX2, Target::AVX2_AMD, Target::AVX512] {
-            // The planner's schedule, and the same blocking at every vector width.
+            // The planner's schedule, the same blocking at every vector width, and with a
+            // dot-product tail where the shape takes one.
             let planned = plan(&problem, target);
             let widths = target.vector_widths().iter().map(|&vector_bytes| Schedule {
                 vector_bytes,
                 ..planned
             });
-            for schedule in std::iter::once(planned).chain(widths) {
+            let dot_tail = smallgemm_ir::reference::with_dot_tail(planned);
+            for schedule in std::iter::once(planned).chain(widths).chain([dot_tail]) {
                 if schedule.validate(&problem, target).is_err() {
                     continue;
                 }

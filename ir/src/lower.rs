@@ -84,6 +84,10 @@ struct DotTail {
     sums: i64,
     /// The mask of k's last group of lanes, when it is partial.
     k_mask: Option<Mask>,
+    /// Where no mask register is to spare (AVX2) and k's last group of lanes is partial:
+    /// that group starts at k - lanes instead, overlapping the one before; in A's gathered
+    /// rows its lanes the group before has are zero, the rest of A's row after them.
+    overlap: bool,
     /// A packed tail's steps of k per vector (`lanes / rows`), or None for dot products.
     /// Lane `group * r + t` of a group of op(A) holds op(A)[row r, step t of the group]; the
     /// last group ends at k, its lanes of steps the one before has zero. A not transposed,
@@ -254,7 +258,8 @@ impl Lowering<'_> {
         };
         if self.s.dot_tail && p.alpha != Scalar::Zero {
             let rows = p.m % self.lanes;
-            let group = crate::schedule::packed_tail_group(rows, self.lanes, p.k);
+            let vector_bytes = self.lanes * self.elt as usize;
+            let group = crate::schedule::packed_tail_group(rows, self.lanes, vector_bytes, p.k);
             let gathers = group.is_some() && !packs_in_registers(p);
             // After the scalars and the packed panel: A's rows (or groups), then the sums.
             let a_row = scratch_bytes.max(PANEL_OFFSET);
@@ -270,11 +275,26 @@ impl Lowering<'_> {
             let sums = a_row + gathered;
             scratch_bytes = sums + (p.n * rows).div_ceil(self.lanes) as i64 * 64;
             let rest = p.k % self.lanes;
-            let k_mask = if rest != 0 && group.is_none() {
+            let partial = rest != 0 && group.is_none();
+            let overlap = partial && self.target.masks() == MaskSupport::VectorRegister;
+            let k_mask = if partial && !overlap {
                 self.b_mask(rest)
             } else {
                 None
             };
+            if overlap {
+                // The last group's lanes of steps the one before has: zero once, for good
+                // (the gathers never write them).
+                let last = a_row + (p.k / self.lanes * self.lanes) as i64 * self.elt;
+                setup.push(Op::Zero { dst: VReg(0) });
+                for r in 0..rows as i64 {
+                    setup.push(Op::Store {
+                        addr: addr(Cursor::at(Gpr::SCRATCH).plus(last + r * a_row_bytes))?,
+                        src: VReg(0),
+                        mask: None,
+                    });
+                }
+            }
             if let Some(group) = group.filter(|&g| gathers && p.k % g != 0) {
                 // The last group's lanes of steps the one before has: zero once, for good
                 // (the gathers never write them).
@@ -292,6 +312,7 @@ impl Lowering<'_> {
                 a_row_bytes,
                 sums,
                 k_mask,
+                overlap,
                 group,
             });
             let needed = self.s.dot_tail_registers(p, self.target);
@@ -822,16 +843,24 @@ impl Lowering<'_> {
         let a = self.loaded(out, self.bases[0], Role::RowA);
         // No block is live between matrices.
         let t = VReg(0);
+        // With `overlap`, the steps of k's partial last group move up past its zero lanes.
+        let whole = (p.k - p.k % self.lanes) as i64;
+        let shift = (self.lanes - p.k % self.lanes) as i64;
         for r in 0..d.rows {
             let row = a.plus((p.m - d.rows + r) as i64 * elt);
             let to = d.a_row + r as i64 * d.a_row_bytes;
             for q in 0..p.k as i64 {
+                let at = if d.overlap && q >= whole {
+                    q + shift
+                } else {
+                    q
+                };
                 out.push(Op::LoadScalar {
                     dst: t,
                     addr: addr(row.plus(q * p.lda as i64 * elt))?,
                 });
                 out.push(Op::StoreScalar {
-                    addr: addr(Cursor::at(Gpr::SCRATCH).plus(to + q * elt))?,
+                    addr: addr(Cursor::at(Gpr::SCRATCH).plus(to + at * elt))?,
                     src: t,
                 });
             }
@@ -884,8 +913,14 @@ impl Lowering<'_> {
                 out.push(Op::Zero { dst: input(q) });
             }
             for chunk in 0..chunks {
-                let mask = if chunk + 1 == chunks { d.k_mask } else { None };
+                let last = chunk + 1 == chunks;
+                let mask = if last { d.k_mask } else { None };
                 let along_k = (chunk * lanes) as i64 * elt;
+                let b_along_k = if last && d.overlap {
+                    (p.k - lanes) as i64 * elt
+                } else {
+                    along_k
+                };
                 for (r, a_row) in a_rows.iter().enumerate() {
                     out.push(Op::Load {
                         dst: a_reg(r),
@@ -896,7 +931,7 @@ impl Lowering<'_> {
                 for j in 0..cols {
                     out.push(Op::Load {
                         dst: b_reg,
-                        addr: addr(b.plus((first + j) as i64 * b_col + along_k))?,
+                        addr: addr(b.plus((first + j) as i64 * b_col + b_along_k))?,
                         mask,
                     });
                     for r in 0..rows {

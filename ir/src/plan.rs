@@ -98,7 +98,7 @@ fn plan_dot_tail(problem: &ColMajorProblem, target: Target) -> Option<Schedule> 
         return None;
     }
     let tail_rows = problem.m % lanes;
-    if let Some(group) = crate::schedule::packed_tail_group(tail_rows, lanes, problem.k) {
+    if let Some(group) = crate::schedule::packed_tail_group(tail_rows, lanes, 64, problem.k) {
         // Packed tails paid from k = 16 on this Xeon (tuned against the best blocks:
         // f64 10x10x40 1.18x, 18x32x16 1.10x, 26x12x26 1.11x, 4x16x16 1.17x; f32 24x24x16
         // 1.09x, 24x24x32 1.23x, 20x9x30 1.18x, 36x20x20 1.20x), not below it (f64 10, 12,

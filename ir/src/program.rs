@@ -142,7 +142,8 @@ pub enum Op {
     /// that [`transpose_add_shuffles`] gives for chunks of `width` lanes; `tmp` is
     /// clobbered. Folding `lanes` vectors in neighbouring pairs at widths lanes/2, lanes/4,
     /// .., 1 (each result in the first of its pair) leaves one vector whose every lane sums
-    /// all lanes of one input ([`transpose_add_order`] says which). 64-byte vectors only.
+    /// all lanes of one input ([`transpose_add_order`] says which). 64-byte vectors, or
+    /// 32-byte ones on AVX2.
     TransposeAdd {
         dst: VReg,
         a: VReg,
@@ -330,13 +331,17 @@ impl Program {
     }
 }
 
-/// A shuffle of two 64-byte vectors a and b, as x86 encodes it (the halves of an
+/// A shuffle of two vectors a and b (64 or 32 bytes), as x86 encodes it (the halves of an
 /// [`Op::TransposeAdd`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shuffle {
-    /// Whole 128-bit blocks (vshuff32x4, vshuff64x2): blocks 0 and 1 of the result from a,
-    /// 2 and 3 from b, block i the one that bits 2i..2i+1 of the immediate number.
+    /// Whole 128-bit blocks of 64-byte vectors (vshuff32x4, vshuff64x2): blocks 0 and 1 of
+    /// the result from a, 2 and 3 from b, block i the one that bits 2i..2i+1 of the
+    /// immediate number.
     Blocks(u8),
+    /// The 128-bit halves of 32-byte vectors (vperm2f128): half i of the result is half
+    /// `s & 1` of a (s < 2) or of b (s >= 2), s = bits 4i..4i+1 of the immediate number.
+    Halves(u8),
     /// Elements within each 128-bit block (vshufps, vshufpd): f32 lanes 0 and 1 of a block
     /// from a's block and 2 and 3 from b's, lane i the one bits 2i..2i+1 number; f64 lane 0
     /// from a and lane 1 from b, the element that immediate bit (lane of the vector) picks.
@@ -354,6 +359,10 @@ impl Shuffle {
                 let pick = (imm >> (2 * block)) & 3;
                 (block >= 2, pick as usize * per_block + i)
             }
+            Shuffle::Halves(imm) => {
+                let pick = (imm >> (4 * block)) & 3;
+                (pick >= 2, (pick & 1) as usize * per_block + i)
+            }
             Shuffle::Elements(imm) if elt == 4 => {
                 let pick = (imm >> (2 * i)) & 3;
                 (i >= 2, block * 4 + pick as usize)
@@ -367,21 +376,27 @@ impl Shuffle {
 }
 
 /// The (lo, hi) shuffles of an [`Op::TransposeAdd`] of chunks of `width` lanes of
-/// `elt`-byte elements in 64-byte vectors: each pairs chunk 2c of a vector with chunk
-/// 2c + 1, lo taking the first of every pair and hi the second. None for other widths.
-pub fn transpose_add_shuffles(elt: usize, width: usize) -> Option<[Shuffle; 2]> {
-    Some(match (elt, width * elt) {
-        (4 | 8, 32) => [Shuffle::Blocks(0x44), Shuffle::Blocks(0xEE)],
-        (4 | 8, 16) => [Shuffle::Blocks(0x88), Shuffle::Blocks(0xDD)],
-        (4, 8) => [Shuffle::Elements(0x44), Shuffle::Elements(0xEE)],
-        (4, 4) => [Shuffle::Elements(0x88), Shuffle::Elements(0xDD)],
-        (8, 8) => [Shuffle::Elements(0x00), Shuffle::Elements(0xFF)],
+/// `elt`-byte elements in `vector_bytes`-byte vectors (64, or 32 on AVX2): each pairs chunk
+/// 2c of a vector with chunk 2c + 1, lo taking the first of every pair and hi the second.
+/// None for other widths.
+pub fn transpose_add_shuffles(
+    elt: usize,
+    width: usize,
+    vector_bytes: usize,
+) -> Option<[Shuffle; 2]> {
+    Some(match (vector_bytes, elt, width * elt) {
+        (64, 4 | 8, 32) => [Shuffle::Blocks(0x44), Shuffle::Blocks(0xEE)],
+        (64, 4 | 8, 16) => [Shuffle::Blocks(0x88), Shuffle::Blocks(0xDD)],
+        (32, 4 | 8, 16) => [Shuffle::Halves(0x20), Shuffle::Halves(0x31)],
+        (32 | 64, 4, 8) => [Shuffle::Elements(0x44), Shuffle::Elements(0xEE)],
+        (32 | 64, 4, 4) => [Shuffle::Elements(0x88), Shuffle::Elements(0xDD)],
+        (32 | 64, 8, 8) => [Shuffle::Elements(0x00), Shuffle::Elements(0xFF)],
         _ => return None,
     })
 }
 
 /// The shuffles of an [`Op::TransposeAdd`] with these operands, in a program of
-/// `elt`-byte elements and `vector_bytes`-byte vectors, where it is defined: 64-byte
+/// `elt`-byte elements and `vector_bytes`-byte vectors, where it is defined: 64- or 32-byte
 /// vectors, a chunk width the shuffles pair, and a temporary apart from the other
 /// registers (the second shuffle reads the sources after the first wrote it). The
 /// interpreter and both x86 encoders ask here.
@@ -392,12 +407,12 @@ pub fn transpose_add_operands(
     width: u8,
 ) -> Option<[Shuffle; 2]> {
     let apart = tmp != a && tmp != b && tmp != dst;
-    transpose_add_shuffles(elt, width as usize).filter(|_| vector_bytes == 64 && apart)
+    transpose_add_shuffles(elt, width as usize, vector_bytes).filter(|_| apart)
 }
 
 /// The input whose lanes each lane of a full [`Op::TransposeAdd`] tree sums: `lanes`
 /// vectors of `elt`-byte elements folded in neighbouring pairs at widths lanes/2 .. 1.
-/// Every input appears once. None unless the vectors are 64 bytes.
+/// Every input appears once. None unless the vectors are 64 or 32 bytes.
 pub fn transpose_add_order(elt: usize, lanes: usize) -> Option<Vec<usize>> {
     grouped_transpose_add_order(elt, lanes, lanes)
 }
@@ -407,9 +422,10 @@ pub fn transpose_add_order(elt: usize, lanes: usize) -> Option<Vec<usize>> {
 /// packed tail's sums: pair = row, `group` steps of k each): `group` vectors folded in
 /// neighbouring pairs at widths group/2 .. 1 leave one vector whose every lane sums the
 /// `group` lanes of one pair. Pair `c * (lanes / group) + i` is vector c's pair i. Every
-/// pair appears once. None unless the vectors are 64 bytes and `group` divides `lanes`.
+/// pair appears once. None unless the vectors are 64 or 32 bytes and `group` divides
+/// `lanes`.
 pub fn grouped_transpose_add_order(elt: usize, lanes: usize, group: usize) -> Option<Vec<usize>> {
-    if elt * lanes != 64 || group == 0 || lanes % group != 0 {
+    if !matches!(elt * lanes, 32 | 64) || group == 0 || lanes % group != 0 {
         return None;
     }
     let pairs = lanes / group;
@@ -419,7 +435,7 @@ pub fn grouped_transpose_add_order(elt: usize, lanes: usize, group: usize) -> Op
         .collect();
     let mut width = group / 2;
     while width >= 1 {
-        let [lo, hi] = transpose_add_shuffles(elt, width)?;
+        let [lo, hi] = transpose_add_shuffles(elt, width, elt * lanes)?;
         let mut next = Vec::new();
         for pair in vectors.chunks(2) {
             let mut folded = Vec::with_capacity(lanes);

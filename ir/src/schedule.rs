@@ -59,13 +59,15 @@ pub struct Schedule {
     /// dot products of op(A)'s last rows with B's columns (vectors along k, several columns
     /// summed across lanes at once by `Op::TransposeAdd`) instead of with a tail vector of
     /// one or two lanes, which costs as many FMAs as a full one: AVX-512 with 64-byte
-    /// vectors, B not transposed. The register blocks cover the other rows.
+    /// vectors, or AVX2 with 32-byte ones (there A not transposed and k at least a vector:
+    /// a partial last chunk of k overlaps the one before instead of taking a mask); B not
+    /// transposed. The register blocks cover the other rows.
     ///
     /// With two (f64), four or eight rows past a multiple (fewer than the lanes), a packed
     /// tail instead: each lane of one vector per column holds a (row, step of k) pair, the
     /// rows' `lanes / rows` steps side by side, so that one FMA does that many steps of the
     /// tail (op(B)'s steps broadcast as a group); a short tree of transpose-adds sums the
-    /// steps.
+    /// steps (AVX-512 only).
     #[serde(default)]
     pub dot_tail: bool,
     /// Hold the block's elements of op(B) for a step of k in registers, one broadcast per
@@ -326,7 +328,7 @@ impl Schedule {
     pub fn dot_tail_registers(&self, problem: &ColMajorProblem, target: Target) -> usize {
         let lanes = self.lanes(target, problem.dtype);
         let rows = problem.m % lanes;
-        match packed_tail_group(rows, lanes, problem.k) {
+        match packed_tail_group(rows, lanes, self.vector_width(target), problem.k) {
             Some(group) => packed_tail_columns(problem.n, group) + 5,
             None => lanes + rows + 2,
         }
@@ -358,13 +360,22 @@ pub(crate) fn dot_tail_unfit(
 ) -> Option<&'static str> {
     let lanes = vector_bytes / problem.dtype.size();
     let rows = problem.m % lanes;
-    if target.isa != Isa::Avx512 || vector_bytes != 64 {
-        Some("64-byte vectors (AVX-512) only")
-    } else if rows == 0 || rows > 2 && packed_tail_group(rows, lanes, usize::MAX).is_none() {
+    let packed = |k| packed_tail_group(rows, lanes, vector_bytes, k);
+    let avx2 = target.isa == Isa::Avx2 && vector_bytes == 32;
+    if !(target.isa == Isa::Avx512 && vector_bytes == 64 || avx2) {
+        Some("64-byte vectors (AVX-512) or 32-byte ones (AVX2) only")
+    } else if avx2 && !(rows == 1 || rows == 2 && lanes == 8) {
+        // Packed tails insert their groups with AVX-512 forms.
+        Some("on AVX2, m must be 1 more than a multiple of the lanes (or 2 in f32)")
+    } else if avx2 && (problem.k < lanes || problem.trans_a == Trans::T) {
+        // AVX2 has no mask registers to spare: a partial last chunk of k overlaps the one
+        // before it, its repeated lanes zero in A's row, which is gathered for that.
+        Some("on AVX2, k must be at least the lanes and A not transposed")
+    } else if rows == 0 || rows > 2 && packed(usize::MAX).is_none() {
         // Four rows as dot products lost 8-30% wherever measured (f64 12, 20, 28; f32 20):
         // they are packed instead.
         Some("m must be 1, 2, 4 or 8 more than a multiple of the lanes")
-    } else if rows > 2 && packed_tail_group(rows, lanes, problem.k).is_none() {
+    } else if rows > 2 && packed(problem.k).is_none() {
         Some("a packed tail needs k of at least lanes / (m mod lanes)")
     } else if problem.trans_b == Trans::T {
         Some("B's columns must be contiguous (B not transposed)")
@@ -374,14 +385,21 @@ pub(crate) fn dot_tail_unfit(
 }
 
 /// Steps of k per vector of a packed tail ([`Schedule::dot_tail`]) of `rows` rows in
-/// 64-byte vectors of `lanes`: rows a power of two below the lanes whose elements fill at
-/// least 16 bytes (a piece the tail's loads insert whole: f64 2 and 4, f32 4 and 8), and k
-/// at least one group. None where C's tail rows are dot products (one row, two f32, or two
-/// f64 with k short of a group) or take no tail of this kind.
-pub(crate) fn packed_tail_group(rows: usize, lanes: usize, k: usize) -> Option<usize> {
-    let bytes = rows * 64 / lanes;
+/// vectors of `lanes`, `vector_bytes` bytes: 64-byte vectors only (AVX-512), rows a power
+/// of two below the lanes whose elements fill at least 16 bytes (a piece the tail's loads
+/// insert whole: f64 2 and 4, f32 4 and 8), and k at least one group. None where C's tail
+/// rows are dot products (one row, two f32, two f64 with k short of a group, any on AVX2)
+/// or take no tail of this kind.
+pub(crate) fn packed_tail_group(
+    rows: usize,
+    lanes: usize,
+    vector_bytes: usize,
+    k: usize,
+) -> Option<usize> {
+    let bytes = rows * vector_bytes / lanes;
     let group = lanes / rows.max(1);
-    (rows.is_power_of_two() && rows < lanes && bytes >= 16 && k >= group).then_some(group)
+    let fits = vector_bytes == 64 && rows.is_power_of_two() && rows < lanes && bytes >= 16;
+    (fits && k >= group).then_some(group)
 }
 
 /// Columns of C per block of a packed tail over `n` columns with `group` steps of k a

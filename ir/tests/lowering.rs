@@ -480,6 +480,81 @@ fn narrowed_tails_load_and_store_at_their_width() {
     assert!(checked >= 15, "only {checked} kernels with narrowed tails");
 }
 
+/// AVX2's dot-product tails through the interpreter: m one more than a multiple of the
+/// lanes (two in f32; m = 1 and 2 too), k a multiple of the lanes or not (its last chunk
+/// overlapping the one before, whose lanes A's gathered row has zero), more columns than
+/// lanes, all alpha and beta kinds, padded leading dimensions, blocks in every loop form;
+/// on both vendors' AVX2 targets. Transposed A and k below the lanes are refused there.
+#[test]
+fn dot_product_tails_on_avx2_compute_the_reference() {
+    let mut seed = 7000;
+    let mut lowered = 0;
+    for target in [Target::AVX2, Target::AVX2_AMD] {
+        for (dtype, lanes) in [(Dtype::F64, 4), (Dtype::F32, 8)] {
+            let mut shapes = vec![
+                (lanes + 1, lanes + 1, lanes + 1),
+                (1, 5, lanes + 3),
+                (lanes + 1, 3, 2 * lanes + 5),
+                (2 * lanes + 1, 2 * lanes + 3, lanes),
+                (lanes + 1, 1, lanes),
+                (4 * lanes + 1, 9, 3 * lanes - 1),
+                (4 * lanes + 1, 33, 61),
+            ];
+            if dtype == Dtype::F32 {
+                shapes.extend([
+                    (lanes + 2, lanes + 2, lanes + 2),
+                    (2, 5, lanes + 1),
+                    (18, 3, 13),
+                ]);
+            }
+            for (m, n, k) in shapes {
+                let planned = smallgemm_ir::plan(
+                    &GemmSpec::builder(dtype, m, n, k)
+                        .build()
+                        .unwrap()
+                        .col_major(),
+                    target,
+                );
+                let looped = Schedule {
+                    m_vectors: 1,
+                    n_cols: 2,
+                    k_unroll: 4,
+                    unroll_m_blocks: false,
+                    unroll_n_blocks: false,
+                    vector_bytes: 0,
+                    batch_unroll: 3,
+                    prefetch: true,
+                    split_tail: false,
+                    interleave: true,
+                    lane_pack: false,
+                    dot_tail: true,
+                    b_resident: false,
+                };
+                for s in [smallgemm_ir::reference::with_dot_tail(planned), looped] {
+                    for spec in specs(dtype, m, n, k) {
+                        let problem = spec.col_major();
+                        if problem.trans_b == Trans::T || problem.m != m {
+                            continue;
+                        }
+                        let refused = s.validate(&problem, target).is_err();
+                        assert_eq!(refused, problem.trans_a == Trans::T, "{}", spec.name());
+                        if refused {
+                            continue;
+                        }
+                        seed += 1;
+                        lowered += 1;
+                        match dtype {
+                            Dtype::F64 => run_case::<f64>(&spec, target, Some(&s), seed),
+                            _ => run_case::<f32>(&spec, target, Some(&s), seed),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(lowered >= 60, "only {lowered} cases");
+}
+
 /// Dot-product tails (`Schedule::dot_tail`) through the interpreter: m one or two more than
 /// a multiple of the lanes (m = 1 and 2 included), k short of, equal to and past a vector, more
 /// columns than lanes, every transpose of A, all alpha and beta kinds, pointer-free strided

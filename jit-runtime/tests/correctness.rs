@@ -371,6 +371,33 @@ fn dot_product_tails_avx512() {
     }
 }
 
+/// Dot-product tails on AVX2: the cases of `dot_product_tails_avx512` that AVX2 takes (one
+/// row past a multiple of the lanes, two in f32; A not transposed; k at least a vector, its
+/// partial last chunk overlapping the one before), on this CPU's AVX2 target and the other
+/// vendor's.
+#[test]
+fn dot_product_tails_avx2() {
+    let Some(here) = jit(Isa::Avx2) else { return };
+    let other = avx2_other_stores().expect("AVX2 runs here");
+    let mut ran = 0;
+    for jit in [&here, &other] {
+        let target = jit.target();
+        for case in dot_tail_cases() {
+            let problem = case.spec.col_major();
+            let planned = smallgemm::generate(&case.spec, target, None)
+                .unwrap()
+                .schedule;
+            for s in dot_tail_schedules(planned) {
+                if s.validate(&problem, target).is_ok() {
+                    common::check_schedule(jit, &case.spec, Some(&s), case.batch, case.seed);
+                    ran += 1;
+                }
+            }
+        }
+    }
+    assert!(ran >= 100, "{ran}");
+}
+
 /// Lane-packed kernels (2x2x2, 3x3x3 and 4x4xk, `Schedule::lane_pack`): every vector width they
 /// run at, one to three vector groups per trip, batch lengths that leave every remainder,
 /// each scalar kind, row-major specs, and gaps between the matrices (whose sentinels catch

@@ -129,6 +129,33 @@ fn avx512_sums_the_dot_tail_across_lanes() {
     );
 }
 
+/// f64 9x6x7 on AVX2 (AMD's target) with a dot-product tail: the ninth row gathered with
+/// k's last chunk moved up to overlap the one before (its repeated lane zeroed once, in the
+/// setup), B's last chunk loaded from k - 4 instead of through a mask, and the sums folded
+/// by vperm2f128 and vshufpd with adds.
+#[test]
+fn avx2_sums_the_dot_tail_with_an_overlapping_last_chunk() {
+    let spec = GemmSpec::builder(smallgemm::Dtype::F64, 9, 6, 7)
+        .beta(smallgemm::Scalar::One)
+        .build()
+        .unwrap();
+    let planned = generate(&spec, Target::AVX2_AMD, None).unwrap().schedule;
+    let dot = smallgemm::Schedule {
+        dot_tail: true,
+        ..planned
+    };
+    let generated = generate(&spec, Target::AVX2_AMD, Some(&dot)).unwrap();
+    let text = listing(Isa::Avx2, &generated.code);
+    for wanted in ["vperm2f128", "vshufpd", "vaddpd"] {
+        assert!(text.contains(wanted), "{wanted}: {text}");
+    }
+    assert!(!text.contains("vmaskmov"), "{text}");
+    insta::assert_snapshot!(
+        "program_avx2_amd_d_9x6x7_dot_tail",
+        generated.program.to_string()
+    );
+}
+
 /// f64 12x6x5 on AVX-512 with a packed tail: rows 8..11 as one vector per column whose
 /// lanes pair each row with two steps of k (A's two columns loaded whole, inserted and
 /// permuted; B's two steps broadcast as a 128-bit group), the last pair overlapping the one
