@@ -837,7 +837,12 @@ mod emulator {
             a.vbroadcastf64x4(zmm21, ymmword_ptr(rdi + 32))?;
             a.vpmovzxbd(zmm22, xmmword_ptr(rdi))?;
             a.vpmovzxbq(zmm23, qword_ptr(rdi + 8))?;
-            a.vshuff32x4(ymm24, ymm1, ymm2, 0b10)
+            a.vshuff32x4(ymm24, ymm1, ymm2, 0b10)?;
+            // AVX2's transpose-adds: 128-bit halves, and elements in 256-bit vectors.
+            a.vperm2f128(ymm7, ymm3, ymm4, 0x31)?;
+            a.vperm2f128(ymm8, ymm3, ymm4, 0x28)?;
+            a.vshufpd(ymm9, ymm3, ymm4, 0x6)?;
+            a.vshufps(ymm0, ymm1, ymm2, 0x1B)
         };
         let (cpu, _) = run(&asm, cpu, vec![m.clone()]).unwrap();
         let d = |r: usize| as_dwords(&cpu.zmm[r]);
@@ -885,6 +890,11 @@ mod emulator {
         let ymm = [range(100), range(204)].concat();
         assert_eq!(d(24)[..8].to_vec(), ymm);
         assert_eq!(cpu.zmm[24][4..], [0; 4]);
+        assert_eq!(cpu.zmm[7], [12, 13, 22, 23, 0, 0, 0, 0]);
+        assert_eq!(cpu.zmm[8], [0, 0, 20, 21, 0, 0, 0, 0]);
+        assert_eq!(cpu.zmm[9], [10, 21, 13, 22, 0, 0, 0, 0]);
+        assert_eq!(d(0)[..8].to_vec(), shufps[..8].to_vec());
+        assert_eq!(cpu.zmm[0][4..], [0; 4]);
     }
 
     /// Scalar loads zero every lane above the element, EVEX forms of registers 16-31 too;

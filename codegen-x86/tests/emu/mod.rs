@@ -348,6 +348,8 @@ enum Kind {
     ZeroExtendBytes,
     /// vshuff32x4/vshuff64x2: 128-bit blocks of src1 (low half) and src2 (high half).
     ShufBlocks,
+    /// vperm2f128: each 128-bit half any half of src1 or src2 (or zero).
+    Perm2f128,
     Shufps,
     Shufpd,
 }
@@ -543,6 +545,7 @@ fn classify(i: &Instruction) -> Option<(Kind, u8)> {
         M::Vpmovzxbq => (Kind::ZeroExtendBytes, 8),
         M::Vshuff32x4 => (Kind::ShufBlocks, 4),
         M::Vshuff64x2 => (Kind::ShufBlocks, 8),
+        M::Vperm2f128 => (Kind::Perm2f128, 8),
         M::Vshufps => (Kind::Shufps, 4),
         M::Vshufpd => (Kind::Shufpd, 8),
         _ => return None,
@@ -589,6 +592,7 @@ fn vector(i: &Instruction) -> Result<(V, String), String> {
             | Kind::PermInLane
             | Kind::PermPdImm
             | Kind::ShufBlocks
+            | Kind::Perm2f128
             | Kind::Shufps
             | Kind::Shufpd
     );
@@ -612,6 +616,7 @@ fn vector(i: &Instruction) -> Result<(V, String), String> {
             | Kind::Xor
             | Kind::PermVar
             | Kind::ShufBlocks
+            | Kind::Perm2f128
             | Kind::Shufps
             | Kind::Shufpd
     );
@@ -1484,6 +1489,18 @@ impl Exec<'_> {
                     let sel = (v.imm as usize >> (bits * j)) & ((1 << bits) - 1);
                     out[2 * j] = from[2 * sel];
                     out[2 * j + 1] = from[2 * sel + 1];
+                }
+                out
+            }
+            Kind::Perm2f128 => {
+                let (a, b) = (self.cpu.zmm[v.src1 as usize], self.operand(v)?);
+                let halves = [&a[0..2], &a[2..4], &b[0..2], &b[2..4]];
+                let mut out = [0; 8];
+                for j in 0..2 {
+                    let control = v.imm as usize >> (4 * j);
+                    if control & 8 == 0 {
+                        out[2 * j..2 * j + 2].copy_from_slice(halves[control & 3]);
+                    }
                 }
                 out
             }
