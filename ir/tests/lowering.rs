@@ -480,6 +480,69 @@ fn narrowed_tails_load_and_store_at_their_width() {
     assert!(checked >= 15, "only {checked} kernels with narrowed tails");
 }
 
+/// A looped, batch-unrolled, interleaved, prefetching schedule with a dot-product tail.
+const DOT_TAIL_LOOPED: Schedule = Schedule {
+    m_vectors: 1,
+    n_cols: 2,
+    k_unroll: 4,
+    unroll_m_blocks: false,
+    unroll_n_blocks: false,
+    vector_bytes: 0,
+    batch_unroll: 3,
+    prefetch: true,
+    split_tail: false,
+    interleave: true,
+    lane_pack: false,
+    dot_tail: true,
+    b_resident: false,
+};
+
+/// Runs the column-major specs of `specs` (B not transposed) for a shape through the
+/// interpreter on `target`, with the planner's blocks and a dot-product tail and with
+/// `looped`; `refused` says which problems the target must refuse (they are skipped).
+/// Returns how many ran.
+fn dot_tail_cases_through_the_interpreter(
+    target: Target,
+    (dtype, m, n, k): (Dtype, usize, usize, usize),
+    looped: Schedule,
+    seed: &mut u64,
+    refused: impl Fn(&smallgemm_ir::ColMajorProblem) -> bool,
+) -> usize {
+    let planned = smallgemm_ir::plan(
+        &GemmSpec::builder(dtype, m, n, k)
+            .build()
+            .unwrap()
+            .col_major(),
+        target,
+    );
+    let mut ran = 0;
+    for s in [smallgemm_ir::reference::with_dot_tail(planned), looped] {
+        for spec in specs(dtype, m, n, k) {
+            let problem = spec.col_major();
+            if problem.trans_b == Trans::T || problem.m != m {
+                continue;
+            }
+            let refuses = refused(&problem);
+            assert_eq!(
+                s.validate(&problem, target).is_err(),
+                refuses,
+                "{} on {target}",
+                spec.name()
+            );
+            if refuses {
+                continue;
+            }
+            *seed += 1;
+            ran += 1;
+            match dtype {
+                Dtype::F64 => run_case::<f64>(&spec, target, Some(&s), *seed),
+                _ => run_case::<f32>(&spec, target, Some(&s), *seed),
+            }
+        }
+    }
+    ran
+}
+
 /// AVX2's dot-product tails through the interpreter: m one more than a multiple of the
 /// lanes (two in f32; m = 1 and 2 too), k a multiple of the lanes or not (its last chunk
 /// overlapping the one before, whose lanes A's gathered row has zero), more columns than
@@ -508,47 +571,15 @@ fn dot_product_tails_on_avx2_compute_the_reference() {
                 ]);
             }
             for (m, n, k) in shapes {
-                let planned = smallgemm_ir::plan(
-                    &GemmSpec::builder(dtype, m, n, k)
-                        .build()
-                        .unwrap()
-                        .col_major(),
+                // Transposed A is refused on AVX2 (its rows are read in place, with nowhere
+                // to zero the overlapping chunk's lanes).
+                lowered += dot_tail_cases_through_the_interpreter(
                     target,
+                    (dtype, m, n, k),
+                    DOT_TAIL_LOOPED,
+                    &mut seed,
+                    |problem| problem.trans_a == Trans::T,
                 );
-                let looped = Schedule {
-                    m_vectors: 1,
-                    n_cols: 2,
-                    k_unroll: 4,
-                    unroll_m_blocks: false,
-                    unroll_n_blocks: false,
-                    vector_bytes: 0,
-                    batch_unroll: 3,
-                    prefetch: true,
-                    split_tail: false,
-                    interleave: true,
-                    lane_pack: false,
-                    dot_tail: true,
-                    b_resident: false,
-                };
-                for s in [smallgemm_ir::reference::with_dot_tail(planned), looped] {
-                    for spec in specs(dtype, m, n, k) {
-                        let problem = spec.col_major();
-                        if problem.trans_b == Trans::T || problem.m != m {
-                            continue;
-                        }
-                        let refused = s.validate(&problem, target).is_err();
-                        assert_eq!(refused, problem.trans_a == Trans::T, "{}", spec.name());
-                        if refused {
-                            continue;
-                        }
-                        seed += 1;
-                        lowered += 1;
-                        match dtype {
-                            Dtype::F64 => run_case::<f64>(&spec, target, Some(&s), seed),
-                            _ => run_case::<f32>(&spec, target, Some(&s), seed),
-                        }
-                    }
-                }
             }
         }
     }
@@ -589,44 +620,13 @@ fn dot_product_tails_compute_the_reference() {
                 // Past the unrolling budget: the looped schedule loops the groups too.
                 (lanes + 4, 33, 61),
             ] {
-                let planned = smallgemm_ir::plan(
-                    &GemmSpec::builder(dtype, m, n, k)
-                        .build()
-                        .unwrap()
-                        .col_major(),
+                lowered += dot_tail_cases_through_the_interpreter(
                     target,
+                    (dtype, m, n, k),
+                    DOT_TAIL_LOOPED,
+                    &mut seed,
+                    |_| false,
                 );
-                for s in [
-                    smallgemm_ir::reference::with_dot_tail(planned),
-                    Schedule {
-                        m_vectors: 1,
-                        n_cols: 2,
-                        k_unroll: 4,
-                        unroll_m_blocks: false,
-                        unroll_n_blocks: false,
-                        vector_bytes: 0,
-                        batch_unroll: 3,
-                        prefetch: true,
-                        split_tail: false,
-                        interleave: true,
-                        lane_pack: false,
-                        dot_tail: true,
-                        b_resident: false,
-                    },
-                ] {
-                    for spec in specs(dtype, m, n, k) {
-                        let problem = spec.col_major();
-                        if problem.trans_b == Trans::T || problem.m != m {
-                            continue;
-                        }
-                        seed += 1;
-                        lowered += 1;
-                        match dtype {
-                            Dtype::F64 => run_case::<f64>(&spec, target, Some(&s), seed),
-                            _ => run_case::<f32>(&spec, target, Some(&s), seed),
-                        }
-                    }
-                }
             }
         }
     }
