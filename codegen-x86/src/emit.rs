@@ -759,9 +759,9 @@ impl<'a> Emitter<'a> {
             } => {
                 let [lo, hi] = transpose_add(self.isa, self.program, dst, a, b, tmp, width)?;
                 let (dst, a, b, tmp) = (self.v(dst)?, self.v(a)?, self.v(b)?, self.v(tmp)?);
+                // `transpose_add` gave Blocks only to AVX-512, Halves only to AVX2.
+                let avx2 = self.isa == Isa::Avx2;
                 for (shuffle, to) in [(hi, tmp), (lo, dst)] {
-                    // `transpose_add` gave Blocks only to AVX-512, Halves only to AVX2.
-                    let avx2 = self.isa == Isa::Avx2;
                     let (form, imm) = match (shuffle, dtype) {
                         (Shuffle::Blocks(imm), Dtype::F64) => (enc::EVEX_VSHUFF64X2_ZMM_IMM8, imm),
                         (Shuffle::Blocks(imm), _) => (enc::EVEX_VSHUFF32X4_ZMM_IMM8, imm),

@@ -720,8 +720,8 @@ impl<'a> Emitter<'a> {
                 let [lo, hi] =
                     crate::emit::transpose_add(self.isa, self.program, dst, a, b, tmp, width)?;
                 let (dst, a, b, tmp) = (self.v(dst)?, self.v(a)?, self.v(b)?, self.v(tmp)?);
+                let avx2 = self.isa == Isa::Avx2;
                 for (shuffle, to) in [(hi, tmp), (lo, dst)] {
-                    let avx2 = self.isa == Isa::Avx2;
                     let (code, imm) = match (shuffle, dtype) {
                         (Shuffle::Blocks(imm), Dtype::F64) => {
                             (Code::EVEX_Vshuff64x2_zmm_k1z_zmm_zmmm512b64_imm8, imm)

@@ -282,26 +282,25 @@ impl Lowering<'_> {
             } else {
                 None
             };
-            if overlap {
-                // The last group's lanes of steps the one before has: zero once, for good
-                // (the gathers never write them).
-                let last = a_row + (p.k / self.lanes * self.lanes) as i64 * self.elt;
-                setup.push(Op::Zero { dst: VReg(0) });
-                for r in 0..rows as i64 {
-                    setup.push(Op::Store {
-                        addr: addr(Cursor::at(Gpr::SCRATCH).plus(last + r * a_row_bytes))?,
-                        src: VReg(0),
-                        mask: None,
-                    });
+            // The last group's lanes of steps the one before has: zero once, for good (the
+            // gathers never write them). A packed tail's last gathered group, or each row's
+            // last chunk of dot products where it overlaps the one before.
+            let zeroed: Vec<i64> = match group {
+                Some(group) if gathers && p.k % group != 0 => {
+                    vec![a_row + (p.k / group) as i64 * 64]
                 }
-            }
-            if let Some(group) = group.filter(|&g| gathers && p.k % g != 0) {
-                // The last group's lanes of steps the one before has: zero once, for good
-                // (the gathers never write them).
-                let last = a_row + (p.k / group) as i64 * 64;
+                None if overlap => {
+                    let last = a_row + (p.k - rest) as i64 * self.elt;
+                    (0..rows as i64).map(|r| last + r * a_row_bytes).collect()
+                }
+                _ => Vec::new(),
+            };
+            if !zeroed.is_empty() {
                 setup.push(Op::Zero { dst: VReg(0) });
+            }
+            for at in zeroed {
                 setup.push(Op::Store {
-                    addr: addr(Cursor::at(Gpr::SCRATCH).plus(last))?,
+                    addr: addr(Cursor::at(Gpr::SCRATCH).plus(at))?,
                     src: VReg(0),
                     mask: None,
                 });
